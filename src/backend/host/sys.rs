@@ -1,0 +1,276 @@
+//! Every system call of the Host backend. The only module of it allowed `unsafe`.
+//!
+//! Soundness rests on one fact, checked here before every call that touches memory: the range lies
+//! inside a reservation this device made (`inside_own`). Such ranges are always either
+//! `PROT_NONE` anonymous memory or pool pages that this device mapped, never memory the rest of the
+//! program owns, so `MAP_FIXED` over them and copies into them cannot corrupt Rust objects. The
+//! rule checker in front of this layer additionally guarantees that copies only touch mapped pages
+//! with the right protection (otherwise the CPU would fault, which is a crash, not corruption).
+#![allow(unsafe_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::os::fd::OwnedFd;
+use std::ptr;
+
+use rustix::fs::{fallocate, fstat, ftruncate, memfd_create, FallocateFlags, MemfdFlags};
+use rustix::io::Errno;
+use rustix::mm::{mmap, mmap_anonymous, mprotect, munmap, MapFlags, MprotectFlags, ProtFlags};
+
+use crate::backend::events::SimEvents;
+use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
+use crate::backend::{Access, MemInfo, Protection, StreamId};
+use crate::error::BackendErrorKind as E;
+
+/// Length of the sparse pool file: offsets are never reused, and 2^60 bytes cannot run out.
+const POOL_LEN: u64 = 1 << 60;
+
+fn os(call: &'static str) -> impl Fn(Errno) -> E {
+    move |errno| E::Os {
+        call,
+        errno: errno.raw_os_error(),
+        message: std::io::Error::from_raw_os_error(errno.raw_os_error()).to_string(),
+    }
+}
+
+pub(crate) struct HostDevice {
+    granularity: usize,
+    capacity: usize,
+    pool: OwnedFd,
+    next_offset: u64,
+    /// raw handle (its pool offset) -> length
+    handles: HashMap<RawHandle, usize>,
+    /// base -> len of the reservations this device made
+    reservations: BTreeMap<u64, usize>,
+    pub(crate) events: SimEvents,
+}
+
+impl HostDevice {
+    pub(crate) fn open(granularity: usize, capacity: usize) -> Result<Self, E> {
+        let pool =
+            memfd_create("vmm-alloc-host-pool", MemfdFlags::CLOEXEC).map_err(os("memfd_create"))?;
+        ftruncate(&pool, POOL_LEN).map_err(os("ftruncate"))?;
+        Ok(Self {
+            granularity,
+            capacity,
+            pool,
+            next_offset: 0,
+            handles: HashMap::new(),
+            reservations: BTreeMap::new(),
+            events: SimEvents::default(),
+        })
+    }
+
+    /// Whether `[at, at + len)` lies inside one reservation of this device.
+    fn inside_own(&self, at: u64, len: usize) -> bool {
+        let Some(end) = at.checked_add(len as u64) else {
+            return false;
+        };
+        self.reservations
+            .range(..=at)
+            .next_back()
+            .is_some_and(|(&base, &rlen)| end <= base + rlen as u64)
+    }
+
+    fn own_range(&self, at: u64, len: usize) -> RawResult<*mut c_void> {
+        if self.inside_own(at, len) {
+            Ok(at as usize as *mut c_void)
+        } else {
+            Err(E::NotReserved {
+                addr: crate::DevAddr::new(at),
+                len,
+            })
+        }
+    }
+
+    /// Pool bytes that hold memory (st_blocks of the memfd).
+    pub(crate) fn resident_bytes(&self) -> Result<u64, E> {
+        let st = fstat(&self.pool).map_err(os("fstat"))?;
+        Ok(st.st_blocks as u64 * 512)
+    }
+}
+
+impl RawDevice for HostDevice {
+    const NAME: &'static str = "host";
+
+    fn granularity(&self) -> usize {
+        self.granularity
+    }
+    fn ordinal(&self) -> u32 {
+        0
+    }
+    fn device_count(&self) -> u32 {
+        1
+    }
+    fn capacity(&self) -> Option<usize> {
+        Some(self.capacity)
+    }
+    fn has_bytes(&self) -> bool {
+        true
+    }
+
+    fn reserve(&mut self, len: usize) -> RawResult<u64> {
+        let g = self.granularity;
+        // Over-reserve by one granule, then trim both ends so the range is granule-aligned.
+        let padded = len
+            .checked_add(g)
+            .ok_or(E::AddressSpaceExhausted { requested: len })?;
+        // SAFETY: a fresh anonymous PROT_NONE mapping at an address the kernel picks overlaps
+        // nothing that exists.
+        let raw = unsafe {
+            mmap_anonymous(
+                ptr::null_mut(),
+                padded,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE,
+            )
+        }
+        .map_err(|e| match e {
+            Errno::NOMEM => E::AddressSpaceExhausted { requested: len },
+            e => os("mmap")(e),
+        })? as usize;
+        let base = raw.next_multiple_of(g);
+        let head = base - raw;
+        let tail = padded - head - len;
+        // SAFETY: both trimmed pieces lie inside the mapping just created, which nothing else
+        // knows about yet.
+        unsafe {
+            if head > 0 {
+                munmap(raw as *mut c_void, head).map_err(os("munmap"))?;
+            }
+            if tail > 0 {
+                munmap((base + len) as *mut c_void, tail).map_err(os("munmap"))?;
+            }
+        }
+        self.reservations.insert(base as u64, len);
+        Ok(base as u64)
+    }
+
+    fn free_reservation(&mut self, base: u64, len: usize) -> RawResult<()> {
+        let at = self.own_range(base, len)?;
+        // SAFETY: the range is exactly one of our reservations (checked above), holding only
+        // PROT_NONE memory now that the rule checker saw it has no mappings.
+        unsafe { munmap(at, len) }.map_err(os("munmap"))?;
+        self.reservations.remove(&base);
+        Ok(())
+    }
+
+    fn create(&mut self, len: usize) -> RawResult<RawHandle> {
+        let offset = self.next_offset;
+        let end = offset.checked_add(len as u64).filter(|&e| e <= POOL_LEN);
+        self.next_offset = end.ok_or(E::OutOfMemory {
+            requested: len,
+            free: 0,
+            total: self.capacity,
+        })?;
+        self.handles.insert(offset, len);
+        Ok(offset)
+    }
+
+    fn release(&mut self, _handle: RawHandle) -> RawResult<()> {
+        // Memory stays while mapped; `memory_gone` frees it.
+        Ok(())
+    }
+
+    fn memory_gone(&mut self, handle: RawHandle, len: usize) {
+        if self.handles.remove(&handle).is_some() {
+            // Failure only means the memory stays until the pool fd closes; nothing to undo.
+            let _ = fallocate(
+                &self.pool,
+                FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+                handle,
+                len as u64,
+            );
+        }
+    }
+
+    fn map(&mut self, at: u64, len: usize, handle: RawHandle, offset: usize) -> RawResult<()> {
+        let addr = self.own_range(at, len)?;
+        let file_offset = handle + offset as u64;
+        // SAFETY: `addr..addr+len` is inside one of our reservations (checked above) and, per the
+        // rule checker, not mapped yet, so MAP_FIXED replaces only PROT_NONE reservation pages.
+        unsafe {
+            mmap(
+                addr,
+                len,
+                ProtFlags::empty(),
+                MapFlags::SHARED | MapFlags::FIXED,
+                &self.pool,
+                file_offset,
+            )
+        }
+        .map_err(os("mmap"))?;
+        Ok(())
+    }
+
+    fn unmap(&mut self, at: u64, len: usize) -> RawResult<()> {
+        let addr = self.own_range(at, len)?;
+        // SAFETY: inside one of our reservations (checked above); replacing pool pages with
+        // PROT_NONE anonymous memory returns the range to "reserved".
+        unsafe {
+            mmap_anonymous(
+                addr,
+                len,
+                ProtFlags::empty(),
+                MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED,
+            )
+        }
+        .map_err(os("mmap"))?;
+        Ok(())
+    }
+
+    fn set_access(&mut self, at: u64, len: usize, access: &[Access]) -> RawResult<()> {
+        let addr = self.own_range(at, len)?;
+        let Some(own) = access.iter().find(|a| a.device == 0) else {
+            return Ok(());
+        };
+        let flags = match own.protection {
+            Protection::None => MprotectFlags::empty(),
+            Protection::Read => MprotectFlags::READ,
+            Protection::ReadWrite => MprotectFlags::READ | MprotectFlags::WRITE,
+        };
+        // SAFETY: inside one of our reservations (checked above); changing protection of our own
+        // pool mappings affects no Rust object.
+        unsafe { mprotect(addr, len, flags) }.map_err(os("mprotect"))
+    }
+
+    fn mem_info(&mut self) -> RawResult<Option<MemInfo>> {
+        Ok(None)
+    }
+
+    fn knows_stream(&self, _stream: StreamId) -> bool {
+        true
+    }
+    fn record_event(&mut self, stream: StreamId) -> RawResult<RawEvent> {
+        Ok(self.events.record(stream))
+    }
+    fn query_event(&mut self, event: RawEvent) -> RawResult<bool> {
+        Ok(self.events.query(event))
+    }
+    fn release_event(&mut self, event: RawEvent) -> RawResult<()> {
+        self.events.release(event);
+        Ok(())
+    }
+    fn synchronize(&mut self, stream: StreamId) -> RawResult<()> {
+        self.events.synchronize(stream);
+        Ok(())
+    }
+
+    fn write(&mut self, at: u64, data: &[u8]) -> RawResult<()> {
+        let dst = self.own_range(at, data.len())?;
+        // SAFETY: the destination lies in our own reservation (checked above), so it cannot overlap
+        // `data` or any other Rust object; the rule checker verified it is mapped read-write.
+        unsafe { ptr::copy_nonoverlapping(data.as_ptr(), dst.cast::<u8>(), data.len()) };
+        Ok(())
+    }
+
+    fn read(&mut self, at: u64, out: &mut [u8]) -> RawResult<()> {
+        let src = self.own_range(at, out.len())?;
+        // SAFETY: the source lies in our own reservation (checked above), so it cannot overlap
+        // `out`; the rule checker verified it is mapped readable.
+        unsafe {
+            ptr::copy_nonoverlapping(src.cast::<u8>().cast_const(), out.as_mut_ptr(), out.len())
+        };
+        Ok(())
+    }
+}

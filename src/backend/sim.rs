@@ -1,0 +1,279 @@
+//! `SimBackend`: exact CUDA bookkeeping with no memory behind it.
+//!
+//! Addresses are fake but realistic (reservations start at `0x2_0000_0000`, aligned to the
+//! granularity, one granule apart so that two reservations never look contiguous). Physical
+//! capacity is enforced exactly; events complete at once unless a test holds their stream.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::backend::checked::Checked;
+use crate::backend::events::SimEvents;
+use crate::backend::fault::FaultPlan;
+use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
+use crate::backend::{forward_backend, Access, Capabilities, EventId, MemInfo, StreamId};
+use crate::error::{BackendError, BackendErrorKind as E};
+
+/// Where the first simulated reservation goes (an H100 handed out `0x302000000`).
+const VA_BASE: u64 = 0x2_0000_0000;
+
+/// Settings of a [`SimBackend`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SimConfig {
+    /// Allocation granularity: a power of two, at least 512. Default 2 MiB (an H100's).
+    pub granularity: usize,
+    /// Physical memory, a multiple of the granularity. Default 80 GiB.
+    pub capacity: usize,
+    /// Virtual address space available to reservations. Default 256 TiB.
+    pub va_limit: u64,
+    /// Devices an access list may name (the own device is 0). Default 1.
+    pub devices: u32,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            granularity: 2 << 20,
+            capacity: 80 << 30,
+            va_limit: 256 << 40,
+            devices: 1,
+        }
+    }
+}
+
+impl SimConfig {
+    fn validate(&self) -> Result<(), E> {
+        if !self.granularity.is_power_of_two() || self.granularity < 512 {
+            return Err(E::BadConfig(format!(
+                "granularity {:#x} must be a power of two of at least 512",
+                self.granularity
+            )));
+        }
+        if !self.capacity.is_multiple_of(self.granularity) {
+            return Err(E::BadConfig(format!(
+                "capacity {:#x} must be a multiple of the granularity {:#x}",
+                self.capacity, self.granularity
+            )));
+        }
+        if self.devices == 0 {
+            return Err(E::BadConfig("devices must be at least 1".into()));
+        }
+        if VA_BASE.checked_add(self.va_limit).is_none() {
+            return Err(E::BadConfig(format!(
+                "va_limit {:#x} overflows the address space",
+                self.va_limit
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The raw simulated device: a first-fit address-space map, handle numbers and events.
+pub(crate) struct SimDevice {
+    config: SimConfig,
+    /// base -> len of each live reservation.
+    used: BTreeMap<u64, usize>,
+    next_handle: RawHandle,
+    pub(crate) events: SimEvents,
+}
+
+impl SimDevice {
+    /// The lowest granule-aligned address where `len` bytes fit, one guard granule away from
+    /// every other reservation.
+    fn find_gap(&self, len: usize) -> Option<u64> {
+        let g = self.config.granularity as u64;
+        let len = len as u64;
+        let limit = VA_BASE + self.config.va_limit;
+        let mut candidate = VA_BASE;
+        for (&base, &used_len) in &self.used {
+            if candidate.checked_add(len)?.checked_add(g)? <= base {
+                break;
+            }
+            candidate = candidate.max(base + used_len as u64 + g);
+        }
+        (candidate.checked_add(len)? <= limit).then_some(candidate)
+    }
+}
+
+impl RawDevice for SimDevice {
+    const NAME: &'static str = "sim";
+
+    fn granularity(&self) -> usize {
+        self.config.granularity
+    }
+    fn ordinal(&self) -> u32 {
+        0
+    }
+    fn device_count(&self) -> u32 {
+        self.config.devices
+    }
+    fn capacity(&self) -> Option<usize> {
+        Some(self.config.capacity)
+    }
+    fn has_bytes(&self) -> bool {
+        false
+    }
+
+    fn reserve(&mut self, len: usize) -> RawResult<u64> {
+        let base = self
+            .find_gap(len)
+            .ok_or(E::AddressSpaceExhausted { requested: len })?;
+        self.used.insert(base, len);
+        Ok(base)
+    }
+    fn free_reservation(&mut self, base: u64, _len: usize) -> RawResult<()> {
+        self.used.remove(&base);
+        Ok(())
+    }
+    fn create(&mut self, _len: usize) -> RawResult<RawHandle> {
+        self.next_handle += 1;
+        Ok(self.next_handle)
+    }
+    fn release(&mut self, _handle: RawHandle) -> RawResult<()> {
+        Ok(())
+    }
+    fn map(&mut self, _at: u64, _len: usize, _handle: RawHandle, _offset: usize) -> RawResult<()> {
+        Ok(())
+    }
+    fn unmap(&mut self, _at: u64, _len: usize) -> RawResult<()> {
+        Ok(())
+    }
+    fn set_access(&mut self, _at: u64, _len: usize, _access: &[Access]) -> RawResult<()> {
+        Ok(())
+    }
+    fn mem_info(&mut self) -> RawResult<Option<MemInfo>> {
+        Ok(None)
+    }
+    fn knows_stream(&self, _stream: StreamId) -> bool {
+        true
+    }
+    fn record_event(&mut self, stream: StreamId) -> RawResult<RawEvent> {
+        Ok(self.events.record(stream))
+    }
+    fn query_event(&mut self, event: RawEvent) -> RawResult<bool> {
+        Ok(self.events.query(event))
+    }
+    fn release_event(&mut self, event: RawEvent) -> RawResult<()> {
+        self.events.release(event);
+        Ok(())
+    }
+    fn synchronize(&mut self, stream: StreamId) -> RawResult<()> {
+        self.events.synchronize(stream);
+        Ok(())
+    }
+    fn write(&mut self, _at: u64, _data: &[u8]) -> RawResult<()> {
+        Err(E::Unsupported("moving bytes (Sim has no memory)"))
+    }
+    fn read(&mut self, _at: u64, _out: &mut [u8]) -> RawResult<()> {
+        Err(E::Unsupported("moving bytes (Sim has no memory)"))
+    }
+}
+
+/// Exact CUDA bookkeeping, no memory: see the [module docs](self).
+///
+/// Cloning is cheap and shares the state, so a test can keep a clone to count calls and check
+/// for leaks while an allocator owns another.
+///
+/// ```
+/// use vmm_alloc::backend::{Access, Backend, SimBackend};
+/// let sim = SimBackend::new();
+/// let g = sim.granularity();
+/// let va = sim.reserve(4 * g).unwrap();
+/// let h = sim.create(g).unwrap();
+/// sim.map(va.start, g, h, 0).unwrap();
+/// sim.set_access(va.start, g, &[Access::read_write(0)]).unwrap();
+/// assert!(sim.unmap(va.start, 2 * g).is_err()); // half of it was never mapped
+/// sim.unmap(va.start, g).unwrap();
+/// sim.release(h).unwrap();
+/// sim.free_reservation(va).unwrap();
+/// assert!(sim.live().is_empty());
+/// ```
+#[derive(Clone)]
+pub struct SimBackend {
+    inner: Arc<Checked<SimDevice>>,
+}
+
+impl SimBackend {
+    /// A simulated H100: 2 MiB granularity, 80 GiB.
+    pub fn new() -> Self {
+        Self::build(SimConfig::default())
+    }
+
+    /// A simulated device with these settings, or why they are invalid.
+    pub fn with_config(config: SimConfig) -> Result<Self, BackendError> {
+        config
+            .validate()
+            .map_err(|e| BackendError::new(crate::backend::CallKind::Init, e))?;
+        Ok(Self::build(config))
+    }
+
+    fn build(config: SimConfig) -> Self {
+        let raw = SimDevice {
+            config,
+            used: BTreeMap::new(),
+            next_handle: 0,
+            events: SimEvents::default(),
+        };
+        let caps = Capabilities::FAULT_INJECTION | Capabilities::HELD_EVENTS;
+        Self {
+            inner: Arc::new(Checked::new(raw, caps)),
+        }
+    }
+
+    /// The settings this backend was built with.
+    pub fn config(&self) -> SimConfig {
+        self.inner.with_raw(|raw| raw.config)
+    }
+
+    /// Installs a fault plan (replacing any previous one, whose call counting restarts).
+    pub fn set_faults(&self, plan: FaultPlan) {
+        self.inner.set_faults(plan);
+    }
+
+    /// Removes the fault plan; returns how many faults it injected.
+    pub fn clear_faults(&self) -> u64 {
+        self.inner.set_faults(FaultPlan::new()).fired()
+    }
+
+    /// Faults injected so far by the current plan.
+    pub fn faults_fired(&self) -> u64 {
+        self.inner.faults_fired()
+    }
+
+    /// From now on, events recorded on `stream` stay pending (its "work" is still running).
+    pub fn hold_stream(&self, stream: StreamId) {
+        self.inner.with_raw(|raw| raw.events.hold(stream));
+    }
+
+    /// Stops holding `stream` and completes its pending events.
+    pub fn release_stream(&self, stream: StreamId) {
+        self.inner.with_raw(|raw| raw.events.release_stream(stream));
+    }
+
+    /// How many times every event of `stream` was completed at once, by `synchronize` or by
+    /// [`Self::release_stream`]: a test can tell that a stream's work is known to be done.
+    pub fn stream_generation(&self, stream: StreamId) -> u64 {
+        self.inner.with_raw(|raw| raw.events.generation(stream))
+    }
+
+    /// Completes one pending event; false if it is not live.
+    pub fn complete_event(&self, event: EventId) -> bool {
+        match self.inner.raw_event(event) {
+            Some(raw) => self.inner.with_raw(|r| r.events.complete(raw)),
+            None => false,
+        }
+    }
+
+    /// Events recorded on `stream` that have not completed.
+    pub fn pending_events(&self, stream: StreamId) -> usize {
+        self.inner.with_raw(|raw| raw.events.pending(stream))
+    }
+}
+
+impl Default for SimBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+forward_backend!(SimBackend);

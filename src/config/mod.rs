@@ -1,0 +1,124 @@
+//! Allocator configuration: [`Config`], its PyTorch-faithful preset, and PyTorch's
+//! `PYTORCH_CUDA_ALLOC_CONF` grammar.
+
+mod alloc_conf;
+mod round;
+
+pub use alloc_conf::{parse_alloc_conf, AllocConf, ConfigError, ROUNDUP_INTERVALS};
+pub use round::{
+    divisions_for, get_allocation_size, round_size, roundup_power2_next_division, MIN_BLOCK_SIZE,
+    MIN_LARGE_ALLOC, ONE_EXA_BYTES, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
+};
+
+/// How an [`ExpandableAllocator`](crate::ExpandableAllocator) behaves. Each improvement over
+/// PyTorch's expandable segments is a switch, so its gain can be measured against
+/// [`Config::pytorch_expandable`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Page size of small-pool segments (requests ≤ 1 MiB): each page is one physical handle.
+    /// Rounded up to the backend's granularity. Default 2 MiB, as PyTorch.
+    pub small_page: usize,
+    /// Page size of large-pool segments. Default 20 MiB, as PyTorch (`large_segment_size_mb`):
+    /// with the handle cache and remap, a large page costs no more fragmentation than a small
+    /// one under pressure, and makes 10× fewer driver calls while growing.
+    pub large_page: usize,
+    /// Virtual address space reserved per segment, as a multiple of device memory. PyTorch: 1.125.
+    pub va_factor: f64,
+    /// Keep unmapped physical handles and map them again before creating new ones.
+    pub handle_cache: bool,
+    /// Bytes of unmapped handles kept across `empty_cache()` (the release threshold). Default 0:
+    /// `empty_cache()` gives every byte back to the device, as users calling it expect; handles
+    /// unmapped under memory pressure are still reused at once.
+    pub handle_cache_limit: usize,
+    /// When growth finds no physical memory, unmap fully-free pages of any segment (once their
+    /// stream's work is done) and map their handles where they are needed, before the last-resort
+    /// "free everything and retry".
+    pub remap_defrag: bool,
+    /// Devices (peers) that also get read-write access to every mapped page.
+    pub peers: Vec<u32>,
+    /// `roundup_power2_divisions` per interval (0 or 1 = plain 512-byte rounding).
+    pub roundup_power2_divisions: [usize; ROUNDUP_INTERVALS],
+    /// `per_process_memory_fraction`: the allocator never holds more than this fraction of device
+    /// memory.
+    pub memory_fraction: f64,
+    /// `max_split_size_mb` in bytes. PyTorch applies its oversize rules to expandable free blocks
+    /// too, which lets reserved memory grow without bound (pytorch#123548); ours ignores it unless
+    /// `faithful_oversize` is set.
+    pub max_split_size: Option<usize>,
+    /// Apply `max_split_size`'s oversize rules as PyTorch does (the baseline's behaviour).
+    pub faithful_oversize: bool,
+    /// `max_non_split_rounding_mb` in bytes (used with `faithful_oversize`).
+    pub max_non_split_rounding: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            small_page: SMALL_BUFFER,
+            large_page: 20 << 20,
+            va_factor: 1.125,
+            handle_cache: true,
+            handle_cache_limit: 0,
+            remap_defrag: true,
+            peers: Vec::new(),
+            roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
+            memory_fraction: 1.0,
+            max_split_size: None,
+            faithful_oversize: false,
+            max_non_split_rounding: 20 << 20,
+        }
+    }
+}
+
+impl Config {
+    /// PyTorch's expandable-segments policy, for side-by-side measurement: 2 MiB small pages,
+    /// 20 MiB large pages, no handle reuse (every unmap releases, every map creates), no remap
+    /// (under pressure unmap every free page, then retry), VA = 1.125 × device memory, and the
+    /// oversize rules of `max_split_size` applied to expandable blocks.
+    pub fn pytorch_expandable() -> Self {
+        Self {
+            handle_cache: false,
+            remap_defrag: false,
+            faithful_oversize: true,
+            ..Self::default()
+        }
+    }
+
+    /// Applies the settings of a `PYTORCH_CUDA_ALLOC_CONF` string on top of `self`.
+    ///
+    /// ```
+    /// use vmm_alloc::config::Config;
+    /// let c = Config::default().with_alloc_conf("roundup_power2_divisions:4,large_segment_size_mb:64").unwrap();
+    /// assert_eq!(c.large_page, 64 << 20);
+    /// assert!(Config::default().with_alloc_conf("max_split_size_mb:2").is_err());
+    /// ```
+    pub fn with_alloc_conf(mut self, conf: &str) -> Result<Self, ConfigError> {
+        let parsed = parse_alloc_conf(conf)?;
+        self.large_page = parsed.large_segment_size;
+        self.max_split_size = parsed.max_split_size;
+        self.max_non_split_rounding = parsed.max_non_split_rounding;
+        self.roundup_power2_divisions = parsed.roundup_power2_divisions;
+        self.memory_fraction = parsed.per_process_memory_fraction;
+        Ok(self)
+    }
+
+    /// Checks the values a caller may have set by hand.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |message: String| {
+            Err(ConfigError {
+                message,
+                token: None,
+            })
+        };
+        if self.small_page == 0 || self.large_page == 0 {
+            return bad("page sizes must be non-zero".into());
+        }
+        if !(self.va_factor.is_finite() && self.va_factor >= 1.0 && self.va_factor <= 64.0) {
+            return bad(format!("va_factor {} must be in [1, 64]", self.va_factor));
+        }
+        if !(0.0..=1.0).contains(&self.memory_fraction) {
+            return bad("per_process_memory_fraction is invalid, set it in [0.0, 1.0]".into());
+        }
+        Ok(())
+    }
+}

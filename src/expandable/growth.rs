@@ -1,0 +1,299 @@
+//! Growing a segment: find where, get physical memory, map it, set access once, or roll back.
+//!
+//! Note [Growth]: new memory goes at the lowest address where the request fits, counting a free
+//! range that ends where an unmapped hole begins (PyTorch maps "at the lowest address at which we
+//! can fit"). Physical memory for each chunk comes, in order, from the handle cache, from
+//! `create`, and, when the device is full, from remap-defrag (Note [Remap]). All chunks of one
+//! growth form one contiguous run, so access is set with one call. If anything fails half-way,
+//! every chunk this growth mapped is unmapped again, handles it created are released, handles it
+//! took from the cache go back, and a segment it reserved is freed: the allocator is exactly as
+//! before (pytorch#188008 terminates the process there).
+//!
+//! Note [Remap]: when `create` reports out-of-memory, a fully-free chunk of any segment (any
+//! stream, after that stream's queued work is done: we synchronize it, as PyTorch does before every
+//! unmap) is unmapped and its handle mapped where the growth needs it. Live blocks never move, so
+//! every address handed out stays valid; waste is bounded by partially used pages, not by where
+//! live blocks happen to sit.
+
+use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
+use crate::expandable::segment::{Chunk, Segment};
+use crate::expandable::state::{track, GrowFail, State};
+use crate::stats::PoolKind;
+use crate::units::DevAddr;
+
+/// Where a growth goes: the segment, the block's start, and the hole mapped from.
+struct Target {
+    seg: u64,
+    start: u64,
+    hole_start: u64,
+    hole_end: u64,
+    new_segment: bool,
+}
+
+/// One chunk mapped by the growth in progress, and where its handle came from.
+struct Grown {
+    at: u64,
+    handle: PhysHandle,
+    len: usize,
+    from_cache: bool,
+}
+
+impl<B: Backend> State<B> {
+    fn page_for(&self, pool: PoolKind) -> usize {
+        let page = match pool {
+            PoolKind::Small => self.config.small_page,
+            PoolKind::Large => self.config.large_page,
+        };
+        page.max(1).next_multiple_of(self.granularity)
+    }
+
+    /// Grows a segment of (stream, pool) so that a free range starting at the returned address
+    /// holds `rounded` bytes.
+    pub(crate) fn grow(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Result<u64, GrowFail> {
+        let page = self.page_for(pool);
+        let target = match self.find_target(stream, pool, rounded) {
+            Some(t) => t,
+            None => self.new_segment(stream, pool, rounded, page)?,
+        };
+        let g = self.granularity as u64;
+        let need_end = (target.start + rounded as u64).next_multiple_of(g);
+        let map_end = need_end.min(target.hole_end);
+        if map_end <= target.hole_start {
+            // Frees completed since the best-fit search: the block fits without mapping.
+            return Ok(target.start);
+        }
+        let mut grown: Vec<Grown> = Vec::new();
+        let mut cursor = target.hole_start;
+        while cursor < map_end {
+            let room = (target.hole_end - cursor) as usize;
+            let want = page.min(room);
+            // The growth relies on every free byte from the block's start to its end, beyond the hole too.
+            let exclude = (target.seg, target.start, need_end);
+            let held: usize = grown.iter().map(|c| c.len).sum();
+            let got = match self.acquire(want, room, exclude, held) {
+                Ok(got) => got,
+                Err(e) => return Err(self.rollback(&target, grown, e)),
+            };
+            let (handle, len, from_cache) = got;
+            let mapped = track(
+                &mut self.stats,
+                CallKind::Map,
+                self.backend.map(DevAddr::new(cursor), len, handle, 0),
+            );
+            if let Err(e) = mapped {
+                self.give_back(handle, len, from_cache);
+                return Err(self.rollback(&target, grown, e.into()));
+            }
+            grown.push(Grown {
+                at: cursor,
+                handle,
+                len,
+                from_cache,
+            });
+            cursor += len as u64;
+        }
+        let run = (cursor - target.hole_start) as usize;
+        let set = track(
+            &mut self.stats,
+            CallKind::SetAccess,
+            self.backend
+                .set_access(DevAddr::new(target.hole_start), run, &self.access),
+        );
+        if let Err(e) = set {
+            return Err(self.rollback(&target, grown, e.into()));
+        }
+        // Commit: the run becomes free mapped memory, merged with its free neighbours.
+        let seg = self
+            .segments
+            .get_mut(&target.seg)
+            .expect("target segment is live");
+        for c in &grown {
+            seg.chunks.insert(
+                c.at,
+                Chunk {
+                    handle: c.handle,
+                    len: c.len,
+                },
+            );
+        }
+        seg.mapped_bytes += run;
+        self.stats.reserved_bytes.increase(pool, run as u64);
+        self.stats.num_device_alloc += grown.len() as u64;
+        self.stats.handle_reuses += grown.iter().filter(|c| c.from_cache).count() as u64;
+        self.add_free(target.seg, target.hole_start, run);
+        self.sync_cache_stats();
+        Ok(target.start)
+    }
+
+    /// The lowest place in an existing segment of (stream, pool) where `rounded` fits once the
+    /// hole there is mapped.
+    fn find_target(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<Target> {
+        for (&key, seg) in &self.segments {
+            if seg.stream != stream || seg.pool != pool {
+                continue;
+            }
+            for (h_start, h_end) in seg.holes() {
+                let start = seg.free_ending_at(h_start).map_or(h_start, |(s, _)| s);
+                let after = seg.free.get(&h_end).copied().unwrap_or(0) as u64;
+                if h_end - start + after >= rounded as u64 {
+                    return Some(Target {
+                        seg: key,
+                        start,
+                        hole_start: h_start,
+                        hole_end: h_end,
+                        new_segment: false,
+                    });
+                }
+            }
+        }
+        None
+    }
+
+    /// Reserves a new segment: `va_factor ×` device memory, at least the request, in pages.
+    fn new_segment(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        rounded: usize,
+        page: usize,
+    ) -> Result<Target, GrowFail> {
+        let va_len = ((self.device_total as f64 * self.config.va_factor) as usize)
+            .max(rounded)
+            .checked_next_multiple_of(page)
+            .ok_or(GrowFail::OutOfMemory)?;
+        let va = track(
+            &mut self.stats,
+            CallKind::Reserve,
+            self.backend.reserve(va_len),
+        )?;
+        let key = va.start.get();
+        self.segments.insert(key, Segment::new(va, stream, pool));
+        self.stats.segment.increase(pool, 1);
+        Ok(Target {
+            seg: key,
+            start: key,
+            hole_start: key,
+            hole_end: key + va_len as u64,
+            new_segment: true,
+        })
+    }
+
+    /// A handle of about `want` bytes (at most `room`) for the growth in progress.
+    /// `exclude` = (segment, from, to): chunks there must not be harvested (the growth relies on
+    /// them); `held` = bytes this growth already holds, for the memory-fraction limit.
+    fn acquire(
+        &mut self,
+        want: usize,
+        room: usize,
+        exclude: (u64, u64, u64),
+        held: usize,
+    ) -> Result<(PhysHandle, usize, bool), GrowFail> {
+        loop {
+            if let Some((h, len)) = self.cache.take(want, room) {
+                return Ok((h, len, true));
+            }
+            let in_use = self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held;
+            if in_use + want <= self.limit {
+                match track(&mut self.stats, CallKind::Create, self.backend.create(want)) {
+                    Ok(h) => return Ok((h, want, false)),
+                    Err(e) if !e.is_out_of_memory() => return Err(GrowFail::Backend(e)),
+                    Err(_) => {}
+                }
+            }
+            // Out of memory. Cached handles that did not fit the hole hold memory: release one.
+            if self.cache.count() > 0 {
+                self.trim_cache(self.cache.bytes().saturating_sub(1))?;
+                continue;
+            }
+            if self.config.remap_defrag && self.harvest_one(exclude, want)? {
+                continue;
+            }
+            return Err(GrowFail::OutOfMemory);
+        }
+    }
+
+    /// Unmaps one fully-free chunk outside `exclude` into the handle cache (Note [Remap]).
+    /// Prefers a chunk of exactly `want` bytes, then the highest address. False if none exists.
+    fn harvest_one(&mut self, exclude: (u64, u64, u64), want: usize) -> Result<bool, GrowFail> {
+        let (ex_seg, ex_from, ex_to) = exclude;
+        let mut best: Option<(u64, u64, Chunk)> = None;
+        for (&key, seg) in &self.segments {
+            for (at, chunk) in seg.free_chunks() {
+                if key == ex_seg && at < ex_to && at + chunk.len as u64 > ex_from {
+                    continue;
+                }
+                let better = match best {
+                    None => true,
+                    Some((_, b_at, b)) => ((chunk.len == want), at) > ((b.len == want), b_at),
+                };
+                if better {
+                    best = Some((key, at, chunk));
+                }
+            }
+        }
+        let Some((seg, at, chunk)) = best else {
+            return Ok(false);
+        };
+        let stream = self.segments[&seg].stream;
+        track(
+            &mut self.stats,
+            CallKind::Synchronize,
+            self.backend.synchronize(stream),
+        )?;
+        self.unmap_chunk(seg, at, chunk)?;
+        self.stats.remapped_bytes += chunk.len as u64;
+        self.cache.put(chunk.handle, chunk.len);
+        Ok(true)
+    }
+
+    /// Returns a handle the growth did not get to use.
+    fn give_back(&mut self, handle: PhysHandle, len: usize, from_cache: bool) {
+        if from_cache {
+            self.cache.put(handle, len);
+        } else {
+            // A release failure leaves the handle with the backend; nothing else can be done.
+            let _ = track(
+                &mut self.stats,
+                CallKind::Release,
+                self.backend.release(handle),
+            );
+        }
+    }
+
+    /// Undoes a growth: unmaps its chunks, returns their handles, frees a segment it reserved.
+    fn rollback(&mut self, target: &Target, grown: Vec<Grown>, cause: GrowFail) -> GrowFail {
+        if let (Some(first), Some(last)) = (grown.first(), grown.last()) {
+            let len = (last.at + last.len as u64 - first.at) as usize;
+            // One call covers the whole run; the chunks are adjacent whole mappings.
+            let _ = track(
+                &mut self.stats,
+                CallKind::Unmap,
+                self.backend.unmap(DevAddr::new(first.at), len),
+            );
+        }
+        for c in grown {
+            self.give_back(c.handle, c.len, c.from_cache);
+        }
+        if target.new_segment {
+            let va = self.segments[&target.seg].va;
+            if track(
+                &mut self.stats,
+                CallKind::FreeReservation,
+                self.backend.free_reservation(va),
+            )
+            .is_ok()
+            {
+                if let Some(s) = self.segments.remove(&target.seg) {
+                    self.stats.segment.decrease(s.pool, 1);
+                }
+            }
+        }
+        self.sync_cache_stats();
+        cause
+    }
+}

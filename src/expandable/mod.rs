@@ -1,0 +1,114 @@
+//! `ExpandableAllocator`: expandable segments over any [`Backend`], better than PyTorch's.
+//!
+//! One segment per (stream, pool): a VA range reserved once and grown in place by mapping pages
+//! (Note [Growth] in `growth.rs`). Small requests (≤ 1 MiB) and large ones use separate segments,
+//! as in PyTorch. Freed blocks coalesce with free neighbours and are reused best-fit on their
+//! stream; memory used by other streams (`record_stream`) is reused only after their events
+//! complete. The improvements over PyTorch, each a [`Config`] switch: the handle cache
+//! (Note [Handle cache]), remap-defrag (Note [Remap]), one set-access call per mapped run, exact
+//! rollback of a failed growth, and `max_split_size` not applied to expandable blocks.
+
+mod check;
+mod growth;
+mod handle_cache;
+mod segment;
+mod snapshot;
+mod state;
+
+use parking_lot::Mutex;
+
+use crate::allocator::{Allocation, Allocator};
+use crate::backend::{Backend, StreamId};
+use crate::config::Config;
+use crate::error::AllocError;
+use crate::snapshot::Snapshot;
+use crate::stats::MemoryStats;
+use crate::units::DevAddr;
+
+use state::State;
+
+/// Expandable-segments allocator: see the [module docs](self).
+///
+/// ```
+/// use vmm_alloc::{Allocator, ExpandableAllocator, SimBackend, StreamId};
+/// use vmm_alloc::config::Config;
+/// let alloc = ExpandableAllocator::new(SimBackend::new(), Config::default()).unwrap();
+/// let a = alloc.allocate(3 << 20, StreamId::DEFAULT).unwrap();
+/// assert!(a.size() >= 3 << 20);
+/// assert_eq!(alloc.stats().reserved_bytes.all.current, 20 << 20); // one 20 MiB page
+/// alloc.deallocate(a).unwrap();
+/// alloc.empty_cache().unwrap();
+/// assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+/// ```
+pub struct ExpandableAllocator<B: Backend> {
+    state: Mutex<State<B>>,
+}
+
+impl<B: Backend> ExpandableAllocator<B> {
+    /// An allocator over `backend` with `config` (validated).
+    pub fn new(backend: B, config: Config) -> Result<Self, AllocError> {
+        Ok(Self {
+            state: Mutex::new(State::new(backend, config)?),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> Config {
+        self.state.lock().config.clone()
+    }
+
+    /// Runs `f` on the backend (e.g. a test's clone of a Sim backend is simpler; this is for the
+    /// rest).
+    pub fn with_backend<T>(&self, f: impl FnOnce(&B) -> T) -> T {
+        f(&self.state.lock().backend)
+    }
+
+    /// Checks every internal invariant (segments, free ranges, index, stats) and returns the first
+    /// violation. Walks the whole state: for tests and debugging.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.state.lock().check()
+    }
+}
+
+impl<B: Backend> Allocator for ExpandableAllocator<B> {
+    fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError> {
+        self.state.lock().allocate(size, stream)
+    }
+
+    fn deallocate_ptr(&self, ptr: DevAddr) -> Result<(), AllocError> {
+        self.state.lock().deallocate(ptr)
+    }
+
+    fn record_stream(&self, ptr: DevAddr, stream: StreamId) -> Result<(), AllocError> {
+        self.state.lock().record_stream(ptr, stream)
+    }
+
+    fn empty_cache(&self) -> Result<(), AllocError> {
+        self.state.lock().empty_cache()
+    }
+
+    fn stats(&self) -> MemoryStats {
+        self.state.lock().stats
+    }
+
+    fn reset_peak_stats(&self) {
+        self.state.lock().stats.reset_peak();
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        self.state.lock().snapshot()
+    }
+}
+
+impl<B: Backend> Drop for ExpandableAllocator<B> {
+    /// Gives everything back to the backend: pending events, mappings, handles (cached ones too)
+    /// and reservations. Errors are ignored: there is no one to report them to.
+    fn drop(&mut self) {
+        self.state.get_mut().teardown();
+    }
+}
+
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ExpandableAllocator<crate::SimBackend>>();
+};

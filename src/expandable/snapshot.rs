@@ -1,0 +1,81 @@
+//! Drawing the state (`snapshot`) and giving everything back (`teardown`).
+
+use crate::backend::Backend;
+use crate::expandable::state::State;
+use crate::snapshot::{BlockInfo, BlockState, SegmentInfo, Snapshot};
+use crate::units::DevAddr;
+
+impl<B: Backend> State<B> {
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let mut segments = Vec::new();
+        for (&key, seg) in &self.segments {
+            let mut blocks = Vec::new();
+            let mut allocated = 0;
+            for (&at, b) in self.live.iter().filter(|(_, b)| b.seg == key) {
+                allocated += b.size;
+                blocks.push(BlockInfo {
+                    address: DevAddr::new(at),
+                    size: b.size,
+                    requested_size: b.requested,
+                    state: BlockState::ActiveAllocated,
+                });
+            }
+            for p in self.pending.iter().filter(|p| p.block.seg == key) {
+                blocks.push(BlockInfo {
+                    address: DevAddr::new(p.addr),
+                    size: p.block.size,
+                    requested_size: p.block.requested,
+                    state: BlockState::ActivePendingFree,
+                });
+            }
+            for (&at, &len) in &seg.free {
+                blocks.push(BlockInfo {
+                    address: DevAddr::new(at),
+                    size: len,
+                    requested_size: 0,
+                    state: BlockState::Inactive,
+                });
+            }
+            for (start, end) in seg.holes() {
+                blocks.push(BlockInfo {
+                    address: DevAddr::new(start),
+                    size: (end - start) as usize,
+                    requested_size: 0,
+                    state: BlockState::Unmapped,
+                });
+            }
+            blocks.sort_by_key(|b| b.address);
+            segments.push(SegmentInfo {
+                address: seg.va.start,
+                total_size: seg.va.len,
+                mapped_size: seg.mapped_bytes,
+                allocated_size: allocated,
+                stream: seg.stream,
+                pool: seg.pool,
+                blocks,
+            });
+        }
+        Snapshot { segments }
+    }
+
+    /// Releases everything the allocator holds, ignoring errors (used by `Drop`).
+    pub(crate) fn teardown(&mut self) {
+        for p in std::mem::take(&mut self.pending) {
+            for (_, e) in p.events {
+                let _ = self.backend.release_event(e);
+            }
+        }
+        for seg in std::mem::take(&mut self.segments).into_values() {
+            for (&at, c) in &seg.chunks {
+                let _ = self.backend.unmap(DevAddr::new(at), c.len);
+                let _ = self.backend.release(c.handle);
+            }
+            let _ = self.backend.free_reservation(seg.va);
+        }
+        while let Some((h, _)) = self.cache.take_largest() {
+            let _ = self.backend.release(h);
+        }
+        self.live.clear();
+        self.index.clear();
+    }
+}

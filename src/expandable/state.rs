@@ -1,0 +1,533 @@
+//! The allocator's core: `&mut self` only, no locks (the public type wraps it in a mutex).
+//!
+//! Blocks are carved best-fit (smallest free range that fits, lowest address on ties) from the free
+//! ranges of the request's (stream, pool); when none fits, a segment grows (`growth.rs`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+
+use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
+use crate::config::{round_size, Config, ONE_EXA_BYTES, SMALL_SIZE};
+use crate::error::{AllocError, BackendError, OomReport};
+use crate::expandable::handle_cache::HandleCache;
+use crate::expandable::segment::Segment;
+use crate::stats::{MemoryStats, PoolKind};
+use crate::units::DevAddr;
+
+/// How many freed addresses are remembered to tell a double free from a foreign pointer.
+const RECENT_FREES: usize = 4096;
+
+#[derive(Clone, Debug)]
+pub(crate) struct Block {
+    pub(crate) seg: u64,
+    pub(crate) size: usize,
+    pub(crate) requested: usize,
+    pub(crate) stream: StreamId,
+    pub(crate) pool: PoolKind,
+    pub(crate) uses: Vec<StreamId>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Pending {
+    pub(crate) addr: u64,
+    pub(crate) block: Block,
+    pub(crate) events: Vec<(StreamId, EventId)>,
+}
+
+/// Counts one backend call of `kind` (and its failure) in the allocator's own call counters.
+pub(crate) fn track<T>(
+    stats: &mut MemoryStats,
+    kind: CallKind,
+    result: Result<T, BackendError>,
+) -> Result<T, BackendError> {
+    stats.calls.count_call(kind);
+    if result.is_err() {
+        stats.calls.count_failure(kind);
+    }
+    result
+}
+
+pub(crate) struct State<B: Backend> {
+    pub(crate) backend: B,
+    pub(crate) config: Config,
+    pub(crate) granularity: usize,
+    pub(crate) device_total: usize,
+    /// `per_process_memory_fraction × device_total`: physical bytes we may hold.
+    pub(crate) limit: usize,
+    pub(crate) access: Vec<Access>,
+    /// va start -> segment
+    pub(crate) segments: BTreeMap<u64, Segment>,
+    /// (stream, pool) -> {(len, start)} of every free range: the best-fit index.
+    pub(crate) index: HashMap<(StreamId, PoolKind), BTreeSet<(usize, u64)>>,
+    pub(crate) live: HashMap<u64, Block>,
+    pub(crate) pending: Vec<Pending>,
+    pub(crate) cache: HandleCache,
+    pub(crate) stats: MemoryStats,
+    recent_frees: VecDeque<u64>,
+    recent_set: HashSet<u64>,
+}
+
+impl<B: Backend> State<B> {
+    pub(crate) fn new(backend: B, config: Config) -> Result<Self, AllocError> {
+        config.validate()?;
+        let granularity = backend.granularity();
+        let info = backend.mem_info()?;
+        let mut access = vec![Access::read_write(backend.device())];
+        for &peer in &config.peers {
+            if peer != backend.device() && !access.iter().any(|a| a.device == peer) {
+                access.push(Access::read_write(peer));
+            }
+        }
+        let limit = (info.total as f64 * config.memory_fraction) as usize;
+        let mut stats = MemoryStats::default();
+        stats.calls.count_call(CallKind::MemInfo);
+        Ok(Self {
+            backend,
+            config,
+            granularity,
+            device_total: info.total,
+            limit,
+            access,
+            segments: BTreeMap::new(),
+            index: HashMap::new(),
+            live: HashMap::new(),
+            pending: Vec::new(),
+            cache: HandleCache::default(),
+            stats,
+            recent_frees: VecDeque::new(),
+            recent_set: HashSet::new(),
+        })
+    }
+
+    // ---- free ranges ----------------------------------------------------------------------
+
+    fn index_of(&mut self, seg: u64) -> &mut BTreeSet<(usize, u64)> {
+        let key = {
+            let s = &self.segments[&seg];
+            (s.stream, s.pool)
+        };
+        self.index.entry(key).or_default()
+    }
+
+    /// Records a free range without coalescing (the caller knows it touches no other).
+    pub(crate) fn insert_free_raw(&mut self, seg: u64, at: u64, len: usize) {
+        if len == 0 {
+            return;
+        }
+        if let Some(s) = self.segments.get_mut(&seg) {
+            s.free.insert(at, len);
+        }
+        self.index_of(seg).insert((len, at));
+    }
+
+    fn remove_free(&mut self, seg: u64, at: u64) -> Option<usize> {
+        let len = self.segments.get_mut(&seg)?.free.remove(&at)?;
+        self.index_of(seg).remove(&(len, at));
+        Some(len)
+    }
+
+    /// Adds `[at, at + len)` to the free ranges, merging it with free neighbours.
+    pub(crate) fn add_free(&mut self, seg: u64, at: u64, len: usize) {
+        let (mut start, mut total) = (at, len);
+        if let Some((prev, _)) = self.segments[&seg].free_ending_at(at) {
+            let plen = self.remove_free(seg, prev).unwrap_or(0);
+            start = prev;
+            total += plen;
+        }
+        if let Some(nlen) = self.remove_free(seg, at + len as u64) {
+            total += nlen;
+        }
+        self.insert_free_raw(seg, start, total);
+    }
+
+    /// Removes `[at, at + len)` from the free range that contains it, keeping what is left.
+    pub(crate) fn carve_free(&mut self, seg: u64, at: u64, len: usize) {
+        let found = self.segments[&seg].free_containing(at, len);
+        debug_assert!(
+            found.is_some(),
+            "carving {at:#x}+{len:#x}, which is not free"
+        );
+        let Some((start, flen)) = found else { return };
+        self.remove_free(seg, start);
+        self.insert_free_raw(seg, start, (at - start) as usize);
+        let end = at + len as u64;
+        self.insert_free_raw(seg, end, (start + flen as u64 - end) as usize);
+    }
+
+    pub(crate) fn segment_of(&self, addr: u64) -> Option<u64> {
+        self.segments
+            .range(..=addr)
+            .next_back()
+            .filter(|(_, s)| addr < s.end())
+            .map(|(&k, _)| k)
+    }
+
+    // ---- allocate -------------------------------------------------------------------------
+
+    pub(crate) fn allocate(
+        &mut self,
+        size: usize,
+        stream: StreamId,
+    ) -> Result<crate::Allocation, AllocError> {
+        if size == 0 {
+            return Err(AllocError::InvalidSize { size });
+        }
+        if size > ONE_EXA_BYTES {
+            return Err(AllocError::TooLarge { size });
+        }
+        let rounded = round_size(size, &self.config.roundup_power2_divisions)
+            .ok_or(AllocError::TooLarge { size })?;
+        let pool = if rounded <= SMALL_SIZE {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        // Without sync only queries run, and a failing query just leaves its block pending.
+        let _ = self.process_events(false);
+        let at = match self.find_free(stream, pool, rounded) {
+            Some(at) => at,
+            None => self.grow_or_oom(stream, pool, rounded)?,
+        };
+        let seg = self.segment_of(at).expect("a free range lies in a segment");
+        self.carve_free(seg, at, rounded);
+        self.live.insert(
+            at,
+            Block {
+                seg,
+                size: rounded,
+                requested: size,
+                stream,
+                pool,
+                uses: Vec::new(),
+            },
+        );
+        if self.recent_set.remove(&at) {
+            self.recent_frees.retain(|&a| a != at);
+        }
+        let (r, s) = (rounded as u64, &mut self.stats);
+        s.allocation.increase(pool, 1);
+        s.allocated_bytes.increase(pool, r);
+        s.active.increase(pool, 1);
+        s.active_bytes.increase(pool, r);
+        s.requested_bytes.increase(pool, size as u64);
+        Ok(crate::Allocation {
+            ptr: DevAddr::new(at),
+            size: rounded,
+            requested: size,
+            stream,
+        })
+    }
+
+    /// Best fit: the smallest free range of (stream, pool) that holds `rounded`, lowest address
+    /// on ties. With `faithful_oversize`, PyTorch's `max_split_size` rules apply.
+    fn find_free(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<u64> {
+        let set = self.index.get(&(stream, pool))?;
+        let &(len, at) = set.range((rounded, 0)..).next()?;
+        if self.config.faithful_oversize {
+            if let Some(max_split) = self.config.max_split_size {
+                if rounded < max_split && len >= max_split {
+                    return None;
+                }
+                if rounded >= max_split
+                    && len >= rounded.saturating_add(self.config.max_non_split_rounding)
+                {
+                    return None;
+                }
+            }
+        }
+        Some(at)
+    }
+
+    fn grow_or_oom(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Result<u64, AllocError> {
+        match self.grow(stream, pool, rounded) {
+            Ok(at) => return Ok(at),
+            Err(GrowFail::Backend(e)) => return Err(e.into()),
+            Err(GrowFail::OutOfMemory) => {}
+        }
+        // Last resort, as PyTorch: wait for every pending free, give every free page back, retry.
+        self.stats.num_alloc_retries += 1;
+        self.release_cached(false)?;
+        if let Some(at) = self.find_free(stream, pool, rounded) {
+            return Ok(at);
+        }
+        match self.grow(stream, pool, rounded) {
+            Ok(at) => Ok(at),
+            Err(GrowFail::Backend(e)) => Err(e.into()),
+            Err(GrowFail::OutOfMemory) => {
+                self.stats.num_ooms += 1;
+                Err(self.oom_report(rounded))
+            }
+        }
+    }
+
+    fn oom_report(&mut self, tried: usize) -> AllocError {
+        let free = track(&mut self.stats, CallKind::MemInfo, self.backend.mem_info())
+            .map(|i| i.free as u64)
+            .unwrap_or(0);
+        let allocated = self.stats.allocated_bytes.all.current;
+        let held = self.stats.reserved_bytes.all.current + self.cache.bytes() as u64;
+        AllocError::OutOfMemory(Box::new(OomReport {
+            device: self.backend.device(),
+            tried: tried as u64,
+            total: self.device_total as u64,
+            free,
+            allowed: (self.config.memory_fraction < 1.0).then_some(self.limit as u64),
+            allocated,
+            reserved_unallocated: held.saturating_sub(allocated),
+        }))
+    }
+
+    // ---- free -----------------------------------------------------------------------------
+
+    pub(crate) fn deallocate(&mut self, ptr: DevAddr) -> Result<(), AllocError> {
+        let addr = ptr.get();
+        let Some(block) = self.live.get(&addr) else {
+            return Err(
+                if self.recent_set.contains(&addr) || self.pending.iter().any(|p| p.addr == addr) {
+                    AllocError::DoubleFree(ptr)
+                } else {
+                    AllocError::InvalidPointer(ptr)
+                },
+            );
+        };
+        let mut events = Vec::new();
+        for &s in &block.uses {
+            match track(
+                &mut self.stats,
+                CallKind::RecordEvent,
+                self.backend.record_event(s),
+            ) {
+                Ok(e) => events.push((s, e)),
+                Err(err) => {
+                    for (_, e) in events {
+                        let _ = track(
+                            &mut self.stats,
+                            CallKind::ReleaseEvent,
+                            self.backend.release_event(e),
+                        );
+                    }
+                    return Err(err.into());
+                }
+            }
+        }
+        let block = self.live.remove(&addr).expect("checked above");
+        self.stats.allocation.decrease(block.pool, 1);
+        self.stats
+            .allocated_bytes
+            .decrease(block.pool, block.size as u64);
+        self.recent_set.insert(addr);
+        self.recent_frees.push_back(addr);
+        if self.recent_frees.len() > RECENT_FREES {
+            if let Some(old) = self.recent_frees.pop_front() {
+                self.recent_set.remove(&old);
+            }
+        }
+        if events.is_empty() {
+            self.free_block(addr, &block);
+        } else {
+            self.pending.push(Pending {
+                addr,
+                block,
+                events,
+            });
+        }
+        Ok(())
+    }
+
+    fn free_block(&mut self, addr: u64, block: &Block) {
+        self.add_free(block.seg, addr, block.size);
+        let s = &mut self.stats;
+        s.active.decrease(block.pool, 1);
+        s.active_bytes.decrease(block.pool, block.size as u64);
+        s.requested_bytes
+            .decrease(block.pool, block.requested as u64);
+    }
+
+    pub(crate) fn record_stream(
+        &mut self,
+        ptr: DevAddr,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
+        let block = self
+            .live
+            .get_mut(&ptr.get())
+            .ok_or(AllocError::InvalidPointer(ptr))?;
+        if stream != block.stream && !block.uses.contains(&stream) {
+            block.uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// Frees the pending blocks whose events have all completed; with `sync`, first waits for
+    /// every stream they wait on. Returns the first backend error met while syncing.
+    pub(crate) fn process_events(&mut self, sync: bool) -> Result<(), BackendError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        if sync {
+            let streams: BTreeSet<StreamId> = self
+                .pending
+                .iter()
+                .flat_map(|p| p.events.iter().map(|&(s, _)| s))
+                .collect();
+            for s in streams {
+                track(
+                    &mut self.stats,
+                    CallKind::Synchronize,
+                    self.backend.synchronize(s),
+                )?;
+            }
+        }
+        let mut i = 0;
+        while i < self.pending.len() {
+            let done = self.pending[i].events.iter().all(|&(_, e)| {
+                // A failing query counts as "not done": the block stays pending, never reused early.
+                matches!(
+                    track(
+                        &mut self.stats,
+                        CallKind::QueryEvent,
+                        self.backend.query_event(e)
+                    ),
+                    Ok(true)
+                )
+            });
+            if done {
+                let p = self.pending.swap_remove(i);
+                for (_, e) in &p.events {
+                    let _ = track(
+                        &mut self.stats,
+                        CallKind::ReleaseEvent,
+                        self.backend.release_event(*e),
+                    );
+                }
+                self.free_block(p.addr, &p.block);
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    // ---- empty_cache ----------------------------------------------------------------------
+
+    pub(crate) fn empty_cache(&mut self) -> Result<(), AllocError> {
+        self.release_cached(true)
+    }
+
+    /// PyTorch's `release_cached_blocks`: waits for pending frees, unmaps every fully-free page of
+    /// every segment, frees segments left with no page, and (with `trim`) releases cached handles
+    /// beyond the cache limit.
+    pub(crate) fn release_cached(&mut self, trim: bool) -> Result<(), AllocError> {
+        self.process_events(true)?;
+        let keys: Vec<u64> = self.segments.keys().copied().collect();
+        for seg in keys {
+            let chunks = self.segments[&seg].free_chunks();
+            if chunks.is_empty() {
+                continue;
+            }
+            let stream = self.segments[&seg].stream;
+            track(
+                &mut self.stats,
+                CallKind::Synchronize,
+                self.backend.synchronize(stream),
+            )?;
+            for (at, chunk) in chunks {
+                self.unmap_chunk(seg, at, chunk)?;
+                if self.config.handle_cache {
+                    self.cache.put(chunk.handle, chunk.len);
+                } else {
+                    track(
+                        &mut self.stats,
+                        CallKind::Release,
+                        self.backend.release(chunk.handle),
+                    )?;
+                }
+            }
+            if self.segments[&seg].chunks.is_empty() {
+                self.free_segment(seg)?;
+            }
+        }
+        if trim {
+            self.trim_cache(self.config.handle_cache_limit)?;
+        }
+        self.sync_cache_stats();
+        Ok(())
+    }
+
+    /// Unmaps one free chunk and takes it out of the free ranges; the handle is the caller's.
+    pub(crate) fn unmap_chunk(
+        &mut self,
+        seg: u64,
+        at: u64,
+        chunk: crate::expandable::segment::Chunk,
+    ) -> Result<(), BackendError> {
+        track(
+            &mut self.stats,
+            CallKind::Unmap,
+            self.backend.unmap(DevAddr::new(at), chunk.len),
+        )?;
+        self.carve_free(seg, at, chunk.len);
+        let s = self.segments.get_mut(&seg).expect("live segment");
+        s.chunks.remove(&at);
+        s.mapped_bytes -= chunk.len;
+        let pool = s.pool;
+        self.stats.reserved_bytes.decrease(pool, chunk.len as u64);
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    fn free_segment(&mut self, seg: u64) -> Result<(), BackendError> {
+        let va = self.segments[&seg].va;
+        track(
+            &mut self.stats,
+            CallKind::FreeReservation,
+            self.backend.free_reservation(va),
+        )?;
+        if let Some(s) = self.segments.remove(&seg) {
+            self.stats.segment.decrease(s.pool, 1);
+        }
+        Ok(())
+    }
+
+    /// Releases cached handles, largest first, until at most `keep` bytes stay cached.
+    pub(crate) fn trim_cache(&mut self, keep: usize) -> Result<(), BackendError> {
+        while self.cache.bytes() > keep {
+            let Some((h, len)) = self.cache.take_largest() else {
+                break;
+            };
+            if let Err(e) = track(&mut self.stats, CallKind::Release, self.backend.release(h)) {
+                self.cache.put(h, len);
+                return Err(e);
+            }
+        }
+        self.sync_cache_stats();
+        Ok(())
+    }
+
+    pub(crate) fn sync_cache_stats(&mut self) {
+        self.stats.handles_cached = self.cache.count() as u64;
+        self.stats.handle_cache_bytes = self.cache.bytes() as u64;
+    }
+}
+
+/// Why a growth failed.
+pub(crate) enum GrowFail {
+    /// No physical memory (or address space) could be found: try harder, or report OOM.
+    OutOfMemory,
+    /// The backend failed for another reason: report it.
+    Backend(BackendError),
+}
+
+impl From<BackendError> for GrowFail {
+    fn from(e: BackendError) -> Self {
+        if e.is_out_of_memory() {
+            GrowFail::OutOfMemory
+        } else {
+            GrowFail::Backend(e)
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Deterministic tests of the expandable allocator's behaviour.
+
+use vmm_alloc::backend::{
+    Backend, CallKind, FaultError, FaultPlan, SimBackend, SimConfig, Trigger,
+};
+use vmm_alloc::config::Config;
+use vmm_alloc::{AllocError, Allocator, ExpandableAllocator, StreamId};
+
+const MB: usize = 1 << 20;
+const S0: StreamId = StreamId::DEFAULT;
+
+fn sim(capacity: usize) -> SimBackend {
+    SimBackend::with_config(SimConfig {
+        capacity,
+        ..SimConfig::default()
+    })
+    .unwrap()
+}
+
+#[test]
+fn rounds_like_pytorch_and_splits_pools() {
+    let alloc = ExpandableAllocator::new(sim(1 << 30), Config::default()).unwrap();
+    let a = alloc.allocate(1, S0).unwrap();
+    assert_eq!(a.size(), 512);
+    let b = alloc.allocate(1000, S0).unwrap();
+    assert_eq!(b.size(), 1024);
+    let s = alloc.stats();
+    assert_eq!(s.allocated_bytes.small_pool.current, 1536);
+    assert_eq!(
+        s.reserved_bytes.small_pool.current,
+        2 * MB as u64,
+        "small pool maps 2 MiB pages"
+    );
+    let big = alloc.allocate(3 * MB, S0).unwrap();
+    assert_eq!(
+        alloc.stats().reserved_bytes.large_pool.current,
+        20 * MB as u64,
+        "large pool maps 20 MiB pages"
+    );
+    assert_ne!(
+        alloc.snapshot().segments.len(),
+        1,
+        "small and large requests use separate segments"
+    );
+    for x in [a, b, big] {
+        alloc.deallocate(x).unwrap();
+    }
+}
+
+#[test]
+fn growth_is_contiguous_and_sets_access_once_per_run() {
+    let backend = sim(4 << 30);
+    let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+    let a = alloc.allocate(100 * MB, S0).unwrap();
+    let b = alloc.allocate(100 * MB, S0).unwrap();
+    assert_eq!(
+        b.ptr().get(),
+        a.ptr().get() + a.size() as u64,
+        "the segment grows in place"
+    );
+    let calls = backend.calls();
+    assert_eq!(calls.calls(CallKind::Reserve), 1, "one VA reservation");
+    assert_eq!(
+        calls.calls(CallKind::SetAccess),
+        2,
+        "one set_access per growth, not per page"
+    );
+    assert_eq!(calls.calls(CallKind::Map), calls.calls(CallKind::Create));
+    alloc.deallocate(a).unwrap();
+    alloc.deallocate(b).unwrap();
+}
+
+#[test]
+fn oom_message_and_state_after_oom() {
+    let alloc = ExpandableAllocator::new(sim(256 * MB), Config::default()).unwrap();
+    let keep = alloc.allocate(200 * MB, S0).unwrap();
+    let err = alloc.allocate(200 * MB, S0).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.starts_with("CUDA out of memory. Tried to allocate 200.00 MiB. GPU 0 has a total capacity of 256.00 MiB"), "{msg}");
+    assert!(msg.contains("allocated by vmm-alloc"), "{msg}");
+    assert_eq!(alloc.stats().num_ooms, 1);
+    alloc.check_invariants().unwrap();
+    // Usable after the OOM.
+    alloc.deallocate(keep).unwrap();
+    let again = alloc.allocate(200 * MB, S0).unwrap();
+    alloc.deallocate(again).unwrap();
+}
+
+#[test]
+fn huge_and_zero_sizes_are_errors() {
+    let alloc = ExpandableAllocator::new(sim(1 << 30), Config::default()).unwrap();
+    for size in [usize::MAX, usize::MAX - 511, 1 << 61] {
+        assert!(
+            matches!(alloc.allocate(size, S0), Err(AllocError::TooLarge { .. })),
+            "size {size}"
+        );
+    }
+    assert!(alloc.allocate(1 << 40, S0).unwrap_err().is_out_of_memory());
+    assert!(matches!(
+        alloc.allocate(0, S0),
+        Err(AllocError::InvalidSize { .. })
+    ));
+    alloc.check_invariants().unwrap();
+    assert_eq!(alloc.stats().allocation.all.current, 0);
+}
+
+#[test]
+fn bad_pointers_are_errors() {
+    let alloc = ExpandableAllocator::new(sim(1 << 30), Config::default()).unwrap();
+    let a = alloc.allocate(4096, S0).unwrap();
+    let p = a.ptr();
+    let interior = p.checked_add(512).unwrap();
+    assert!(matches!(
+        alloc.deallocate_ptr(interior),
+        Err(AllocError::InvalidPointer(_))
+    ));
+    assert!(matches!(
+        alloc.deallocate_ptr(vmm_alloc::DevAddr::new(12345)),
+        Err(AllocError::InvalidPointer(_))
+    ));
+    alloc.deallocate(a).unwrap();
+    assert!(matches!(
+        alloc.deallocate_ptr(p),
+        Err(AllocError::DoubleFree(_))
+    ));
+    assert!(alloc.record_stream(p, StreamId::sim(1)).is_err());
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn record_stream_blocks_reuse_until_the_event_completes() {
+    let backend = sim(1 << 30);
+    let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+    let side = StreamId::sim(7);
+    backend.hold_stream(side);
+    let a = alloc.allocate(MB, S0).unwrap();
+    let p = a.ptr();
+    alloc.record_stream(p, side).unwrap();
+    alloc.deallocate(a).unwrap();
+    let b = alloc.allocate(MB, S0).unwrap();
+    assert_ne!(
+        b.ptr(),
+        p,
+        "memory still used by the side stream must not be reused"
+    );
+    assert_eq!(
+        alloc.stats().active.all.current,
+        2,
+        "the pending block stays active"
+    );
+    backend.release_stream(side);
+    let c = alloc.allocate(MB, S0).unwrap();
+    assert_eq!(c.ptr(), p, "after the event completes the block is reused");
+    for x in [b, c] {
+        alloc.deallocate(x).unwrap();
+    }
+}
+
+#[test]
+fn a_stuck_stream_does_not_block_another_streams_reuse() {
+    let backend = sim(1 << 30);
+    let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+    let stuck = StreamId::sim(9);
+    backend.hold_stream(stuck);
+    let a = alloc.allocate(MB, S0).unwrap();
+    alloc.record_stream(a.ptr(), stuck).unwrap();
+    alloc.deallocate(a).unwrap();
+    let b = alloc.allocate(MB, StreamId::sim(1)).unwrap();
+    let pb = b.ptr();
+    alloc.deallocate(b).unwrap();
+    let c = alloc.allocate(MB, StreamId::sim(1)).unwrap();
+    assert_eq!(c.ptr(), pb, "stream 1 reuses its own free block at once");
+    alloc.deallocate(c).unwrap();
+}
+
+#[test]
+fn pending_frees_are_reclaimed_before_oom() {
+    let backend = sim(64 * MB);
+    let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+    let side = StreamId::sim(3);
+    backend.hold_stream(side);
+    let a = alloc.allocate(40 * MB, S0).unwrap();
+    alloc.record_stream(a.ptr(), side).unwrap();
+    alloc.deallocate(a).unwrap();
+    // Only by waiting for the side stream can this fit.
+    let b = alloc.allocate(40 * MB, S0).unwrap();
+    assert!(alloc.stats().num_alloc_retries >= 1);
+    alloc.deallocate(b).unwrap();
+}
+
+#[test]
+fn handle_cache_reuses_handles_and_remap_moves_free_pages() {
+    // Small pages everywhere so that interior pages can be harvested.
+    let backend = sim(64 * MB);
+    let config = Config {
+        large_page: 2 * MB,
+        ..Config::default()
+    };
+    let alloc = ExpandableAllocator::new(backend.clone(), config).unwrap();
+    // Fill the device with 2 MiB blocks on stream 0, then free every other one: 32 MiB free in holes.
+    let blocks: Vec<_> = (0..32)
+        .map(|_| alloc.allocate(2 * MB, S0).unwrap())
+        .collect();
+    let mut keep = Vec::new();
+    for (i, b) in blocks.into_iter().enumerate() {
+        if i % 2 == 0 {
+            alloc.deallocate(b).unwrap();
+        } else {
+            keep.push(b);
+        }
+    }
+    let creates = backend.calls().calls(CallKind::Create);
+    // A large contiguous request on another stream can only be served by remapping those pages.
+    let big = alloc.allocate(30 * MB, StreamId::sim(1)).unwrap();
+    let stats = alloc.stats();
+    assert_eq!(
+        backend.calls().calls(CallKind::Create),
+        creates,
+        "no new handle: pages were remapped"
+    );
+    assert!(
+        stats.remapped_bytes >= 30 * MB as u64,
+        "remapped {}",
+        stats.remapped_bytes
+    );
+    assert!(stats.handle_reuses >= 15);
+    assert_eq!(
+        stats.num_alloc_retries, 0,
+        "remap avoided the free-everything retry"
+    );
+    alloc.check_invariants().unwrap();
+    alloc.deallocate(big).unwrap();
+    for b in keep {
+        alloc.deallocate(b).unwrap();
+    }
+}
+
+#[test]
+fn pytorch_policy_recreates_where_ours_remaps() {
+    let backend = sim(64 * MB);
+    let config = Config {
+        large_page: 2 * MB,
+        ..Config::pytorch_expandable()
+    };
+    let alloc = ExpandableAllocator::new(backend.clone(), config).unwrap();
+    let blocks: Vec<_> = (0..32)
+        .map(|_| alloc.allocate(2 * MB, S0).unwrap())
+        .collect();
+    let mut keep = Vec::new();
+    for (i, b) in blocks.into_iter().enumerate() {
+        if i % 2 == 0 {
+            alloc.deallocate(b).unwrap();
+        } else {
+            keep.push(b);
+        }
+    }
+    let creates = backend.calls().calls(CallKind::Create);
+    let big = alloc.allocate(30 * MB, StreamId::sim(1)).unwrap();
+    assert_eq!(
+        alloc.stats().num_alloc_retries,
+        1,
+        "PyTorch frees everything and retries"
+    );
+    assert!(
+        backend.calls().calls(CallKind::Create) >= creates + 15,
+        "and creates the handles again"
+    );
+    alloc.deallocate(big).unwrap();
+    for b in keep {
+        alloc.deallocate(b).unwrap();
+    }
+}
+
+#[test]
+fn failed_growth_rolls_back_exactly_at_every_step() {
+    // Fail the n-th create / map / set_access of a 5-page growth, for every n.
+    for (kind, max_n) in [
+        (CallKind::Create, 5),
+        (CallKind::Map, 5),
+        (CallKind::SetAccess, 1),
+    ] {
+        for n in 1..=max_n {
+            let backend = sim(1 << 30);
+            let alloc = ExpandableAllocator::new(
+                backend.clone(),
+                Config {
+                    large_page: 2 * MB,
+                    ..Config::default()
+                },
+            )
+            .unwrap();
+            let before = backend.live();
+            backend.set_faults(FaultPlan::new().fail(kind, Trigger::Nth(n), FaultError::Injected));
+            let err = alloc.allocate(10 * MB, S0).unwrap_err();
+            assert!(
+                matches!(err, AllocError::Backend(_)),
+                "{kind:?} #{n}: {err}"
+            );
+            assert_eq!(
+                backend.live(),
+                before,
+                "{kind:?} #{n}: the failed growth left debris"
+            );
+            alloc.check_invariants().unwrap();
+            assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+            backend.clear_faults();
+            let ok = alloc.allocate(10 * MB, S0).unwrap();
+            alloc.deallocate(ok).unwrap();
+        }
+    }
+}
+
+#[test]
+fn empty_cache_returns_everything_and_drop_leaves_nothing() {
+    let backend = sim(1 << 30);
+    {
+        let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+        let a = alloc.allocate(30 * MB, S0).unwrap();
+        let b = alloc.allocate(1000, StreamId::sim(2)).unwrap();
+        alloc.deallocate(a).unwrap();
+        alloc.deallocate(b).unwrap();
+        alloc.empty_cache().unwrap();
+        assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+        assert!(backend.live().is_empty(), "{}", backend.live());
+        // Now leave live blocks, a pending free and a half-grown state behind.
+        let side = StreamId::sim(5);
+        backend.hold_stream(side);
+        let _live = alloc.allocate(5 * MB, S0).unwrap();
+        let p = alloc.allocate(MB, S0).unwrap();
+        alloc.record_stream(p.ptr(), side).unwrap();
+        alloc.deallocate(p).unwrap();
+    }
+    assert!(
+        backend.live().is_empty(),
+        "dropping the allocator leaked: {}",
+        backend.live()
+    );
+}
+
+#[test]
+fn max_split_cycle_keeps_reserved_bounded() {
+    // The shape of pytorch#123548 (max_split_size_mb with expandable segments, large and small
+    // requests cycling, sizes creeping): reserved must stay bounded. (This cycle does not make the
+    // faithful policy grow without bound either; reproducing that exactly is left to trace replay.)
+    let config = Config::default()
+        .with_alloc_conf("max_split_size_mb:20")
+        .unwrap();
+    let alloc = ExpandableAllocator::new(sim(8 << 30), config).unwrap();
+    let mut peak = 0;
+    for cycle in 0..100 {
+        let a = alloc.allocate(64 * MB + cycle * 512, S0).unwrap();
+        let b = alloc.allocate(8 * MB, S0).unwrap();
+        alloc.deallocate(a).unwrap();
+        let c = alloc.allocate(30 * MB, S0).unwrap();
+        alloc.deallocate(b).unwrap();
+        alloc.deallocate(c).unwrap();
+        peak = peak.max(alloc.stats().reserved_bytes.all.current);
+    }
+    assert!(peak <= 200 * MB as u64, "reserved grew to {peak}");
+}

@@ -1,0 +1,5 @@
+//! The allocator tests: one integration binary (faster to link than one per file).
+
+mod expandable_behaviour;
+mod expandable_model;
+mod pytorch_parity;
