@@ -38,6 +38,7 @@ pub(crate) mod calls;
 pub(crate) mod checked;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod emulated;
 mod events;
 pub(crate) mod fault;
 pub mod host;

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::backend::checked::Checked;
+use crate::backend::emulated::{emulated_controls, sim_event_methods};
 use crate::backend::events::SimEvents;
-use crate::backend::fault::FaultPlan;
 use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
-use crate::backend::{forward_backend, Access, Capabilities, EventId, MemInfo, StreamId};
+use crate::backend::{forward_backend, Access, Capabilities, MemInfo};
 use crate::error::{BackendError, BackendErrorKind as E};
 
 /// Where the first simulated reservation goes (an H100 handed out `0x302000000`).
@@ -144,23 +144,7 @@ impl RawDevice for SimDevice {
     fn mem_info(&mut self) -> RawResult<Option<MemInfo>> {
         Ok(None)
     }
-    fn knows_stream(&self, _stream: StreamId) -> bool {
-        true
-    }
-    fn record_event(&mut self, stream: StreamId) -> RawResult<RawEvent> {
-        Ok(self.events.record(stream))
-    }
-    fn query_event(&mut self, event: RawEvent) -> RawResult<bool> {
-        Ok(self.events.query(event))
-    }
-    fn release_event(&mut self, event: RawEvent) -> RawResult<()> {
-        self.events.release(event);
-        Ok(())
-    }
-    fn synchronize(&mut self, stream: StreamId) -> RawResult<()> {
-        self.events.synchronize(stream);
-        Ok(())
-    }
+    sim_event_methods!();
     fn write(&mut self, _at: u64, _data: &[u8]) -> RawResult<()> {
         Err(E::Unsupported("moving bytes (Sim has no memory)"))
     }
@@ -224,50 +208,6 @@ impl SimBackend {
     pub fn config(&self) -> SimConfig {
         self.inner.with_raw(|raw| raw.config)
     }
-
-    /// Installs a fault plan (replacing any previous one, whose call counting restarts).
-    pub fn set_faults(&self, plan: FaultPlan) {
-        self.inner.set_faults(plan);
-    }
-
-    /// Removes the fault plan; returns how many faults it injected.
-    pub fn clear_faults(&self) -> u64 {
-        self.inner.set_faults(FaultPlan::new()).fired()
-    }
-
-    /// Faults injected so far by the current plan.
-    pub fn faults_fired(&self) -> u64 {
-        self.inner.faults_fired()
-    }
-
-    /// From now on, events recorded on `stream` stay pending (its "work" is still running).
-    pub fn hold_stream(&self, stream: StreamId) {
-        self.inner.with_raw(|raw| raw.events.hold(stream));
-    }
-
-    /// Stops holding `stream` and completes its pending events.
-    pub fn release_stream(&self, stream: StreamId) {
-        self.inner.with_raw(|raw| raw.events.release_stream(stream));
-    }
-
-    /// How many times every event of `stream` was completed at once, by `synchronize` or by
-    /// [`Self::release_stream`]: a test can tell that a stream's work is known to be done.
-    pub fn stream_generation(&self, stream: StreamId) -> u64 {
-        self.inner.with_raw(|raw| raw.events.generation(stream))
-    }
-
-    /// Completes one pending event; false if it is not live.
-    pub fn complete_event(&self, event: EventId) -> bool {
-        match self.inner.raw_event(event) {
-            Some(raw) => self.inner.with_raw(|r| r.events.complete(raw)),
-            None => false,
-        }
-    }
-
-    /// Events recorded on `stream` that have not completed.
-    pub fn pending_events(&self, stream: StreamId) -> usize {
-        self.inner.with_raw(|raw| raw.events.pending(stream))
-    }
 }
 
 impl Default for SimBackend {
@@ -277,3 +217,4 @@ impl Default for SimBackend {
 }
 
 forward_backend!(SimBackend);
+emulated_controls!(SimBackend);

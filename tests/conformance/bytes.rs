@@ -2,7 +2,7 @@
 //! mapping is what every mapping of the same handle reads, and moving bytes where no readable or
 //! writable mapping is fails cleanly instead of crashing.
 
-use vmm_alloc::backend::{Access, Protection};
+use vmm_alloc::backend::{Access, Capabilities, Protection};
 use vmm_alloc::{BackendErrorKind as E, DevAddr};
 
 use crate::support::{
@@ -18,6 +18,7 @@ pub fn cases<B: Subject>() -> Vec<Case<B>> {
         handle_offset_mapping_shows_right_bytes,
         write_spans_adjacent_mappings,
         no_access_until_set_access,
+        read_only_access_refuses_writes,
         bytes_outside_mappings_rejected,
     ]
 }
@@ -220,29 +221,63 @@ fn no_access_until_set_access<B: Subject>(b: &B) -> TestResult {
         E::NoAccess { addr: a, needed: "read-write" } if *a == va.start);
     rejects!(b, Read, b.read(va.start, &mut [0u8; 3]),
         E::NoAccess { addr: a, needed: "read" } if *a == va.start);
-    let read_only = [Access {
-        device: b.device(),
-        protection: Protection::Read,
-    }];
-    ok!(b.set_access(va.start, g, &read_only));
-    ok!(b.read(addr(va, 8), &mut [0u8; 16]));
-    rejects!(
-        b,
-        Write,
-        b.write(addr(va, 8), &[1u8; 16]),
-        E::NoAccess {
-            needed: "read-write",
-            ..
-        }
-    );
     ok!(b.set_access(va.start, g, &rw(b)));
     let data = pattern(16, 15);
     ok!(b.write(addr(va, 8), &data));
     expect_bytes(b, addr(va, 8), &data, "after granting read-write")?;
     ok!(b.unmap(va.start, g));
+    // A new mapping of the same handle starts without access again.
+    ok!(b.map(va.start, g, h, 0));
+    rejects!(
+        b,
+        Read,
+        b.read(addr(va, 8), &mut [0u8; 16]),
+        E::NoAccess { .. }
+    );
+    ok!(b.unmap(va.start, g));
     ok!(b.release(h));
     ok!(b.free_reservation(va));
     Ok(())
+}
+
+fn read_only_access_refuses_writes<B: Subject>(b: &B) -> TestResult {
+    let g = b.granularity();
+    let gpu = b.capabilities().contains(Capabilities::GPU);
+    let m = map_whole(b, 1)?;
+    let data = pattern(32, 16);
+    ok!(b.write(addr(m.va, 64), &data));
+    let read_only = [Access {
+        device: b.device(),
+        protection: Protection::Read,
+    }];
+    match b.set_access(m.va.start, g, &read_only) {
+        Ok(()) => {
+            expect_bytes(b, addr(m.va, 64), &data, "through a read-only mapping")?;
+            rejects!(
+                b,
+                Write,
+                b.write(addr(m.va, 64), &[0u8; 32]),
+                E::NoAccess {
+                    needed: "read-write",
+                    ..
+                }
+            );
+            expect_bytes(b, addr(m.va, 64), &data, "after a refused write")?;
+        }
+        // The driver may not offer read-only device mappings; the failed call must change nothing.
+        Err(e) if gpu && matches!(e.kind, E::Driver { .. }) => {
+            expect_bytes(
+                b,
+                addr(m.va, 64),
+                &data,
+                "after a refused read-only set_access",
+            )?;
+        }
+        Err(e) => return Err(format!("set_access(read-only) failed: {e}").into()),
+    }
+    ok!(b.set_access(m.va.start, g, &rw(b)));
+    ok!(b.write(addr(m.va, 64), &[7u8; 4]));
+    unmap_whole(b, m)
 }
 
 fn bytes_outside_mappings_rejected<B: Subject>(b: &B) -> TestResult {

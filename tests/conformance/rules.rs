@@ -1,7 +1,8 @@
 //! Common cases, part 1: the argument rules of reserve, create, map, unmap and release.
 //! Every backend accepts and rejects exactly these calls.
 
-use vmm_alloc::backend::Capabilities;
+use vmm_alloc::backend::{Backend, Capabilities, StreamId};
+use vmm_alloc::SimBackend;
 use vmm_alloc::{BackendErrorKind as E, DevAddr, VaRange};
 
 use crate::support::{addr, foreign_handle, rw, Case, Subject, TestResult};
@@ -18,6 +19,8 @@ pub fn cases<B: Subject>() -> Vec<Case<B>> {
         map_rejects_overlap,
         map_rejects_past_handle_end,
         unknown_handle_rejected,
+        foreign_handle_rejected_even_when_number_collides,
+        foreign_event_rejected_even_when_number_collides,
         release_twice_rejected,
         release_while_mapped_keeps_memory,
         unmap_never_mapped_rejected,
@@ -267,6 +270,33 @@ fn unknown_handle_rejected<B: Subject>(b: &B) -> TestResult {
     rejects!(b, Release, b.release(foreign), E::UnknownHandle(x) if *x == foreign);
     ok!(b.release(mine));
     ok!(b.free_reservation(va));
+    Ok(())
+}
+
+/// `PhysHandle` promises that a foreign handle is an error. Backends number handles from 1, so
+/// another backend's first handle carries the same number as this one's: using it here must still
+/// be refused, not act on this backend's own handle.
+fn foreign_handle_rejected_even_when_number_collides<B: Subject>(b: &B) -> TestResult {
+    let g = b.granularity();
+    let other = SimBackend::new();
+    let va = ok!(b.reserve(g));
+    let mine = ok!(b.create(g));
+    let theirs = ok!(other.create(other.granularity()));
+    rejects!(b, Map, b.map(va.start, g, theirs, 0), E::UnknownHandle(_));
+    rejects!(b, Release, b.release(theirs), E::UnknownHandle(_));
+    ok!(b.release(mine));
+    ok!(b.free_reservation(va));
+    Ok(())
+}
+
+/// The same for events: another backend's first event is not this backend's first event.
+fn foreign_event_rejected_even_when_number_collides<B: Subject>(b: &B) -> TestResult {
+    let other = SimBackend::new();
+    let mine = ok!(b.record_event(StreamId::DEFAULT));
+    let theirs = ok!(other.record_event(StreamId::DEFAULT));
+    rejects!(b, QueryEvent, b.query_event(theirs), E::UnknownEvent(_));
+    rejects!(b, ReleaseEvent, b.release_event(theirs), E::UnknownEvent(_));
+    ok!(b.release_event(mine));
     Ok(())
 }
 

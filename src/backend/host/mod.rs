@@ -27,8 +27,8 @@ mod sys;
 use std::sync::Arc;
 
 use crate::backend::checked::Checked;
-use crate::backend::fault::FaultPlan;
-use crate::backend::{forward_backend, CallKind, Capabilities, EventId, StreamId};
+use crate::backend::emulated::emulated_controls;
+use crate::backend::{forward_backend, CallKind, Capabilities};
 use crate::error::{BackendError, BackendErrorKind as E};
 
 use sys::HostDevice;
@@ -117,40 +117,6 @@ impl HostBackend {
         })
     }
 
-    /// Installs a fault plan (replacing any previous one, whose call counting restarts).
-    pub fn set_faults(&self, plan: FaultPlan) {
-        self.inner.set_faults(plan);
-    }
-
-    /// Removes the fault plan; returns how many faults it injected.
-    pub fn clear_faults(&self) -> u64 {
-        self.inner.set_faults(FaultPlan::new()).fired()
-    }
-
-    /// From now on, events recorded on `stream` stay pending.
-    pub fn hold_stream(&self, stream: StreamId) {
-        self.inner.with_raw(|raw| raw.events.hold(stream));
-    }
-
-    /// Stops holding `stream` and completes its pending events.
-    pub fn release_stream(&self, stream: StreamId) {
-        self.inner.with_raw(|raw| raw.events.release_stream(stream));
-    }
-
-    /// How many times every event of `stream` was completed at once, by `synchronize` or by
-    /// [`Self::release_stream`]: a test can tell that a stream's work is known to be done.
-    pub fn stream_generation(&self, stream: StreamId) -> u64 {
-        self.inner.with_raw(|raw| raw.events.generation(stream))
-    }
-
-    /// Completes one pending event; false if it is not live.
-    pub fn complete_event(&self, event: EventId) -> bool {
-        match self.inner.raw_event(event) {
-            Some(raw) => self.inner.with_raw(|r| r.events.complete(raw)),
-            None => false,
-        }
-    }
-
     /// Bytes of the pool memfd that hold memory right now (written and not hole-punched), as the
     /// kernel counts them: shows that released handles really give their memory back.
     pub fn resident_pool_bytes(&self) -> Result<u64, BackendError> {
@@ -161,3 +127,4 @@ impl HostBackend {
 }
 
 forward_backend!(HostBackend);
+emulated_controls!(HostBackend);

@@ -17,9 +17,10 @@ use rustix::fs::{fallocate, fstat, ftruncate, memfd_create, FallocateFlags, Memf
 use rustix::io::Errno;
 use rustix::mm::{mmap, mmap_anonymous, mprotect, munmap, MapFlags, MprotectFlags, ProtFlags};
 
+use crate::backend::emulated::sim_event_methods;
 use crate::backend::events::SimEvents;
 use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
-use crate::backend::{Access, MemInfo, Protection, StreamId};
+use crate::backend::{Access, MemInfo, Protection};
 use crate::error::BackendErrorKind as E;
 
 /// Length of the sparse pool file: offsets are never reused, and 2^60 bytes cannot run out.
@@ -238,23 +239,7 @@ impl RawDevice for HostDevice {
         Ok(None)
     }
 
-    fn knows_stream(&self, _stream: StreamId) -> bool {
-        true
-    }
-    fn record_event(&mut self, stream: StreamId) -> RawResult<RawEvent> {
-        Ok(self.events.record(stream))
-    }
-    fn query_event(&mut self, event: RawEvent) -> RawResult<bool> {
-        Ok(self.events.query(event))
-    }
-    fn release_event(&mut self, event: RawEvent) -> RawResult<()> {
-        self.events.release(event);
-        Ok(())
-    }
-    fn synchronize(&mut self, stream: StreamId) -> RawResult<()> {
-        self.events.synchronize(stream);
-        Ok(())
-    }
+    sim_event_methods!();
 
     fn write(&mut self, at: u64, data: &[u8]) -> RawResult<()> {
         let dst = self.own_range(at, data.len())?;
