@@ -13,6 +13,7 @@
 //! * `physical_bytes == Σ handle.len` over `handles` (released-but-mapped handles included).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::raw::{RawEvent, RawHandle};
 use crate::backend::{Access, EventId, LiveResources, PhysHandle, Protection, StreamId};
@@ -40,6 +41,11 @@ pub(crate) struct EventEntry {
     pub(crate) raw: RawEvent,
 }
 
+/// Handle and event ids carry their backend's tag in the top 16 bits, so an id from another
+/// backend is rejected even when its number is one this backend also handed out.
+const TAG_SHIFT: u32 = 48;
+static NEXT_TAG: AtomicU64 = AtomicU64::new(1);
+
 /// What an `apply_*` call says must happen to physical memory afterwards.
 pub(crate) type Gone = Option<(RawHandle, usize)>;
 
@@ -52,6 +58,8 @@ pub(crate) struct Ledger {
     reservations: BTreeMap<u64, usize>,
     mappings: BTreeMap<u64, Mapping>,
     handles: HashMap<u64, HandleEntry>,
+    /// This ledger's tag, in the top bits of every id it hands out.
+    tag: u64,
     next_handle: u64,
     events: HashMap<u64, EventEntry>,
     next_event: u64,
@@ -75,6 +83,7 @@ impl Ledger {
             reservations: BTreeMap::new(),
             mappings: BTreeMap::new(),
             handles: HashMap::new(),
+            tag: (NEXT_TAG.fetch_add(1, Ordering::Relaxed) % 0xFFFF + 1) << TAG_SHIFT,
             next_handle: 1,
             events: HashMap::new(),
             next_event: 1,
@@ -183,8 +192,17 @@ impl Ledger {
         Ok(())
     }
 
+    /// This ledger's id for counter value `n`, and back.
+    fn id(&self, n: u64) -> u64 {
+        self.tag | n
+    }
+
+    fn counter(&self, id: u64) -> Option<u64> {
+        (id & !((1 << TAG_SHIFT) - 1) == self.tag).then_some(id & ((1 << TAG_SHIFT) - 1))
+    }
+
     pub(crate) fn apply_create(&mut self, raw: RawHandle, len: usize) -> PhysHandle {
-        let id = self.next_handle;
+        let id = self.id(self.next_handle);
         self.next_handle += 1;
         self.handles.insert(
             id,
@@ -201,13 +219,14 @@ impl Ledger {
 
     /// The live (unreleased) handle behind `handle`, or why it is not usable.
     pub(crate) fn live_handle(&self, handle: PhysHandle) -> Result<HandleEntry, E> {
+        let Some(n) = self.counter(handle.0) else {
+            return Err(E::UnknownHandle(handle));
+        };
         match self.handles.get(&handle.0) {
             Some(entry) if !entry.released => Ok(*entry),
             Some(_) => Err(E::HandleAlreadyReleased(handle)),
             // Ids are handed out in order, so an id below the counter was live once.
-            None if handle.0 >= 1 && handle.0 < self.next_handle => {
-                Err(E::HandleAlreadyReleased(handle))
-            }
+            None if n >= 1 && n < self.next_handle => Err(E::HandleAlreadyReleased(handle)),
             None => Err(E::UnknownHandle(handle)),
         }
     }
@@ -415,18 +434,19 @@ impl Ledger {
     // ---- events ---------------------------------------------------------------------------
 
     pub(crate) fn apply_record_event(&mut self, raw: RawEvent) -> EventId {
-        let id = self.next_event;
+        let id = self.id(self.next_event);
         self.next_event += 1;
         self.events.insert(id, EventEntry { raw });
         EventId(id)
     }
 
     pub(crate) fn live_event(&self, event: EventId) -> Result<EventEntry, E> {
+        let Some(n) = self.counter(event.0) else {
+            return Err(E::UnknownEvent(event));
+        };
         match self.events.get(&event.0) {
             Some(entry) => Ok(*entry),
-            None if event.0 >= 1 && event.0 < self.next_event => {
-                Err(E::EventAlreadyReleased(event))
-            }
+            None if n >= 1 && n < self.next_event => Err(E::EventAlreadyReleased(event)),
             None => Err(E::UnknownEvent(event)),
         }
     }

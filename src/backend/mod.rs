@@ -65,7 +65,7 @@ pub struct PhysHandle(pub(crate) u64);
 
 impl fmt::Debug for PhysHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "handle#{}", self.0)
+        write!(f, "handle#{}.{}", self.0 >> 48, self.0 & ((1 << 48) - 1))
     }
 }
 
@@ -102,7 +102,7 @@ pub struct EventId(pub(crate) u64);
 
 impl fmt::Debug for EventId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "event#{}", self.0)
+        write!(f, "event#{}.{}", self.0 >> 48, self.0 & ((1 << 48) - 1))
     }
 }
 

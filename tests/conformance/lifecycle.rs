@@ -30,10 +30,10 @@ fn set_access_covers_run_of_mappings<B: Subject>(b: &B) -> TestResult {
     let g = b.granularity();
     let bytes = b.capabilities().contains(Capabilities::BYTES);
     let va = ok!(b.reserve(3 * g));
-    let h = ok!(b.create(3 * g));
-    // Three mappings, out of handle order, each a separate cuMemMap.
-    for (i, offset) in [2 * g, 0, g].into_iter().enumerate() {
-        ok!(b.map(addr(va, i * g), g, h, offset));
+    // Three mappings of three handles, each a separate cuMemMap.
+    let handles = [ok!(b.create(g)), ok!(b.create(g)), ok!(b.create(g))];
+    for (i, h) in handles.iter().enumerate() {
+        ok!(b.map(addr(va, i * g), g, *h, 0));
     }
     if bytes {
         rejects!(b, Write, b.write(va.start, &[1]), E::NoAccess { .. });
@@ -66,7 +66,9 @@ fn set_access_covers_run_of_mappings<B: Subject>(b: &B) -> TestResult {
     // A sub-run of whole mappings is fine too.
     ok!(b.set_access(addr(va, g), 2 * g, &rw(b)));
     ok!(b.unmap(va.start, 3 * g));
-    ok!(b.release(h));
+    for h in handles {
+        ok!(b.release(h));
+    }
     ok!(b.free_reservation(va));
     Ok(())
 }
@@ -115,9 +117,9 @@ fn set_access_rejects_bad_requests<B: Subject>(b: &B) -> TestResult {
 fn free_reservation_rejects_mapped<B: Subject>(b: &B) -> TestResult {
     let g = b.granularity();
     let va = ok!(b.reserve(4 * g));
-    let h = ok!(b.create(2 * g));
+    let h = ok!(b.create(g));
     ok!(b.map(va.start, g, h, 0));
-    ok!(b.map(addr(va, 3 * g), g, h, g));
+    ok!(b.map(addr(va, 3 * g), g, h, 0));
     let err = rejects!(b, FreeReservation, b.free_reservation(va),
         E::ReservationStillMapped { addr: a, mappings: 2 } if *a == va.start);
     ensure!(
@@ -327,7 +329,7 @@ fn release_before_unmap_cycle_leaves_nothing_live<B: Subject>(b: &B) -> TestResu
     let c = ok!(b.create(g));
     ok!(b.map(va.start, 2 * g, a, 0));
     ok!(b.map(addr(va, 2 * g), g, c, 0));
-    ok!(b.map(addr(va, 3 * g), g, a, g));
+    ok!(b.map(addr(va, 3 * g), g, c, 0));
     ok!(b.set_access(va.start, 4 * g, &rw(b)));
     ok!(b.release(a));
     ok!(b.release(c));

@@ -18,6 +18,7 @@ pub fn cases<B: Subject>() -> Vec<Case<B>> {
         map_rejects_outside_reservation,
         map_rejects_overlap,
         map_rejects_past_handle_end,
+        map_at_handle_offset,
         unknown_handle_rejected,
         foreign_handle_rejected_even_when_number_collides,
         foreign_event_rejected_even_when_number_collides,
@@ -233,13 +234,15 @@ fn map_rejects_overlap<B: Subject>(b: &B) -> TestResult {
             E::AlreadyMapped { addr: a, len: l, existing: e }
                 if *a == at && *l == len && *e == existing);
     }
-    // Directly adjacent on both sides is not an overlap, and the same handle range may be mapped
-    // at several addresses.
-    ok!(b.map(va.start, g, h, 0));
-    ok!(b.map(addr(va, 3 * g), g, h, 3 * g));
+    // Directly adjacent on both sides is not an overlap, and one handle may be mapped at several
+    // addresses.
+    let h2 = ok!(b.create(g));
+    ok!(b.map(va.start, g, h2, 0));
+    ok!(b.map(addr(va, 3 * g), g, h2, 0));
     ensure_eq!(b.live().mappings, 3, "mappings after two adjacent maps");
     ok!(b.unmap(va.start, 4 * g));
     ok!(b.release(h));
+    ok!(b.release(h2));
     ok!(b.free_reservation(va));
     Ok(())
 }
@@ -254,8 +257,30 @@ fn map_rejects_past_handle_end<B: Subject>(b: &B) -> TestResult {
             E::PastHandleEnd { offset: o, len: l, handle_size }
                 if *o == offset && *l == len && *handle_size == 2 * g);
     }
-    ok!(b.map(va.start, g, h, g)); // the last granule is fine
-    ok!(b.unmap(va.start, g));
+    ok!(b.map(va.start, 2 * g, h, 0)); // the whole handle is fine
+    ok!(b.unmap(va.start, 2 * g));
+    ok!(b.release(h));
+    ok!(b.free_reservation(va));
+    Ok(())
+}
+
+/// The contract allows mapping part of a handle from a granule-aligned offset (`cuMemMap`'s
+/// `offset`): the second granule of a 2-granule handle, alone and next to the first.
+fn map_at_handle_offset<B: Subject>(b: &B) -> TestResult {
+    let g = b.granularity();
+    let va = ok!(b.reserve(4 * g));
+    let h = ok!(b.create(2 * g));
+    ok!(b.map(va.start, g, h, g));
+    ok!(b.map(addr(va, g), g, h, 0));
+    ok!(b.map(addr(va, 2 * g), 2 * g, h, 0));
+    let live = b.live();
+    ensure_eq!(
+        (live.mappings, live.mapped_bytes, live.physical_bytes),
+        (3, 4 * g, 2 * g),
+        "(mappings, mapped bytes, physical bytes) with parts of one handle mapped three times"
+    );
+    ok!(b.set_access(va.start, 4 * g, &rw(b)));
+    ok!(b.unmap(va.start, 4 * g));
     ok!(b.release(h));
     ok!(b.free_reservation(va));
     Ok(())
@@ -320,9 +345,9 @@ fn release_while_mapped_keeps_memory<B: Subject>(b: &B) -> TestResult {
     let exact = !b.capabilities().contains(Capabilities::GPU);
     let bytes = b.capabilities().contains(Capabilities::BYTES);
     let va = ok!(b.reserve(2 * g));
-    let h = ok!(b.create(2 * g));
+    let h = ok!(b.create(g));
     ok!(b.map(va.start, g, h, 0));
-    ok!(b.map(addr(va, g), g, h, g));
+    ok!(b.map(addr(va, g), g, h, 0));
     ok!(b.set_access(va.start, 2 * g, &rw(b)));
     let data = crate::support::pattern(256, 7);
     if bytes {
@@ -333,7 +358,7 @@ fn release_while_mapped_keeps_memory<B: Subject>(b: &B) -> TestResult {
     let live = b.live();
     ensure_eq!(
         (live.handles, live.mappings, live.physical_bytes),
-        (0, 2, 2 * g),
+        (0, 2, g),
         "(handles, mappings, physical bytes) after releasing a mapped handle"
     );
     if exact {
@@ -350,7 +375,7 @@ fn release_while_mapped_keeps_memory<B: Subject>(b: &B) -> TestResult {
     ok!(b.unmap(va.start, g));
     ensure_eq!(
         b.live().physical_bytes,
-        2 * g,
+        g,
         "physical bytes while one mapping is left"
     );
     ok!(b.unmap(addr(va, g), g));
@@ -446,10 +471,10 @@ fn unmap_covers_adjacent_mappings<B: Subject>(b: &B) -> TestResult {
     let g = b.granularity();
     let va = ok!(b.reserve(4 * g));
     let h1 = ok!(b.create(g));
-    let h2 = ok!(b.create(2 * g));
+    let h2 = ok!(b.create(g));
     ok!(b.map(va.start, g, h1, 0));
-    ok!(b.map(addr(va, g), g, h2, g));
-    ok!(b.map(addr(va, 2 * g), g, h2, 0));
+    ok!(b.map(addr(va, g), g, h2, 0));
+    ok!(b.map(addr(va, 2 * g), g, h1, 0)); // h1 again: one handle, two of the three mappings
     ok!(b.set_access(va.start, 3 * g, &rw(b)));
     let before = b.calls();
     ok!(b.unmap(va.start, 3 * g));
