@@ -358,3 +358,43 @@ fn max_split_cycle_keeps_reserved_bounded() {
     }
     assert!(peak <= 200 * MB as u64, "reserved grew to {peak}");
 }
+
+#[test]
+fn threads_share_one_allocator() {
+    let backend = sim(2 << 30);
+    let alloc =
+        std::sync::Arc::new(ExpandableAllocator::new(backend.clone(), Config::default()).unwrap());
+    let workers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let alloc = alloc.clone();
+            std::thread::spawn(move || {
+                // Threads 0 and 1 share stream 1; 2 and 3 have their own.
+                let stream = StreamId::sim(t.max(1));
+                let mut held = Vec::new();
+                let mut x = t + 1;
+                for _ in 0..2000 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    if held.len() < 16 && x >> 63 == 0 {
+                        let size = 512 + (x >> 40) as usize % (8 * MB);
+                        held.push(alloc.allocate(size, stream).unwrap());
+                    } else if let Some(a) = held.pop() {
+                        alloc.deallocate(a).unwrap();
+                    }
+                }
+                for a in held {
+                    alloc.deallocate(a).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    alloc.check_invariants().unwrap();
+    assert_eq!(alloc.stats().allocation.all.current, 0);
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+    assert!(backend.live().is_empty());
+}

@@ -112,12 +112,24 @@ fn stamp(id: u64, len: usize) -> Vec<u8> {
 }
 
 /// Bytes of each allocation that carry its pattern: the first and last 64 (all if smaller).
+/// Bytes of each allocation that carry its pattern: 64 bytes at its start and in every 2 MiB page
+/// it touches (so a page remapped under a live allocation is caught), and its last 64 bytes.
 fn stamped_spans(a: &Allocation) -> Vec<(u64, usize)> {
-    let n = a.requested().min(64);
+    let len = a.requested();
+    let n = len.min(64);
+    let page = 2u64 << 20;
+    let start = a.ptr().get();
     let mut spans = vec![(0, n)];
-    if a.requested() > 128 {
-        spans.push(((a.requested() - 64) as u64, 64));
+    let mut next_page = (start / page + 1) * page;
+    while next_page + 64 <= start + len as u64 {
+        spans.push((next_page - start, 64));
+        next_page += page;
     }
+    if len > 128 {
+        spans.push(((len - 64) as u64, 64));
+    }
+    spans.sort_unstable();
+    spans.dedup_by(|b, a| b.0 < a.0 + a.1 as u64);
     spans
 }
 

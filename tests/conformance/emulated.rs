@@ -21,6 +21,8 @@ pub fn cases<B: Emulated>() -> Vec<Case<B>> {
         fault_random_adjacent_seeds_differ,
         fault_random_respects_kinds_and_probability,
         held_stream_keeps_events_pending,
+        pending_events_and_generations_count,
+        faults_fired_tracks_current_plan,
     ]
 }
 
@@ -398,5 +400,96 @@ fn held_stream_keeps_events_pending<B: Emulated>(b: &B) -> TestResult {
         !b.complete_event(e1),
         "complete_event of a released event said it was live"
     );
+    Ok(())
+}
+
+fn pending_events_and_generations_count<B: Emulated>(b: &B) -> TestResult {
+    let (held, other) = (StreamId::sim(5), StreamId::sim(6));
+    let generations = |b: &B| (b.stream_generation(held), b.stream_generation(other));
+    ensure_eq!(
+        generations(b),
+        (0, 0),
+        "stream generations of a new backend"
+    );
+    b.hold_stream(held);
+    let evs = [
+        ok!(b.record_event(held)),
+        ok!(b.record_event(held)),
+        ok!(b.record_event(held)),
+    ];
+    let free = ok!(b.record_event(other));
+    ensure_eq!(
+        (b.pending_events(held), b.pending_events(other)),
+        (3, 0),
+        "pending (held, other)"
+    );
+    ensure!(b.complete_event(evs[0]), "complete_event of a live event");
+    ensure_eq!(b.pending_events(held), 2, "pending after completing one");
+    ok!(b.release_event(evs[1])); // a released event is no longer pending
+    ensure_eq!(
+        b.pending_events(held),
+        1,
+        "pending after releasing a pending event"
+    );
+    ensure_eq!(
+        generations(b),
+        (0, 0),
+        "generations before any synchronize or release"
+    );
+    ok!(b.synchronize(held));
+    ensure_eq!(b.pending_events(held), 0, "pending after synchronize");
+    ensure_eq!(
+        generations(b),
+        (1, 0),
+        "generations after synchronizing the held stream"
+    );
+    let late = ok!(b.record_event(held));
+    ensure_eq!(
+        b.pending_events(held),
+        1,
+        "pending after recording on the still-held stream"
+    );
+    b.release_stream(held);
+    ensure_eq!(b.pending_events(held), 0, "pending after release_stream");
+    ensure_eq!(generations(b), (2, 0), "generations after release_stream");
+    ok!(b.synchronize(other));
+    ensure_eq!(
+        generations(b),
+        (2, 1),
+        "generations after synchronizing the other stream"
+    );
+    for e in [evs[0], evs[2], free, late] {
+        ok!(b.release_event(e));
+    }
+    Ok(())
+}
+
+fn faults_fired_tracks_current_plan<B: Emulated>(b: &B) -> TestResult {
+    let g = b.granularity();
+    b.set_faults(
+        FaultPlan::new()
+            .fail(CallKind::Create, Trigger::Nth(1), FaultError::Injected)
+            .fail(CallKind::Reserve, Trigger::Nth(1), FaultError::Injected),
+    );
+    ensure_eq!(b.faults_fired(), 0, "faults fired before any call");
+    rejects!(b, Create, b.create(g), E::Injected);
+    ensure_eq!(b.faults_fired(), 1, "faults fired after one");
+    rejects!(b, Reserve, b.reserve(g), E::Injected);
+    ensure_eq!(b.faults_fired(), 2, "faults fired after two");
+    b.set_faults(FaultPlan::new().fail(CallKind::Create, Trigger::Nth(1), FaultError::Injected));
+    ensure_eq!(
+        b.faults_fired(),
+        0,
+        "faults fired by a newly installed plan"
+    );
+    rejects!(b, Create, b.create(g), E::Injected);
+    ensure_eq!(
+        b.clear_faults(),
+        1,
+        "clear_faults returns what the current plan fired"
+    );
+    ensure_eq!(b.faults_fired(), 0, "faults fired after clear_faults");
+    let h = ok!(b.create(g));
+    ok!(b.release(h));
     Ok(())
 }

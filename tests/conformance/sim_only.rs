@@ -1,10 +1,7 @@
 //! Cases only the Sim backend runs: its defaults and settings, its address-space model, peers,
 //! and the extras (faults_fired, pending_events) only it has.
 
-use vmm_alloc::backend::{
-    Access, Backend, CallKind, FaultError, FaultPlan, MemInfo, Protection, SimBackend, SimConfig,
-    StreamId, Trigger,
-};
+use vmm_alloc::backend::{Access, Backend, CallKind, MemInfo, Protection, SimBackend, SimConfig};
 use vmm_alloc::{BackendErrorKind as E, VaRange};
 
 use crate::support::{rw, Case, TestResult};
@@ -17,8 +14,6 @@ pub fn cases() -> Vec<Case<SimBackend>> {
         freed_reservation_is_reused,
         reservations_never_look_contiguous,
         peer_devices_accept_access_entries,
-        pending_events_counts_held_events,
-        faults_fired_tracks_current_plan,
         moving_bytes_is_unsupported,
     ]
 }
@@ -275,74 +270,6 @@ fn peer_devices_accept_access_entries(b: &SimBackend) -> TestResult {
     ok!(sim.unmap(va.start, g));
     ok!(sim.release(h));
     ok!(sim.free_reservation(va));
-    Ok(())
-}
-
-fn pending_events_counts_held_events(b: &SimBackend) -> TestResult {
-    let (held, other) = (StreamId::sim(5), StreamId::sim(6));
-    b.hold_stream(held);
-    let evs = [
-        ok!(b.record_event(held)),
-        ok!(b.record_event(held)),
-        ok!(b.record_event(held)),
-    ];
-    let free = ok!(b.record_event(other));
-    ensure_eq!(
-        (b.pending_events(held), b.pending_events(other)),
-        (3, 0),
-        "pending (held, other)"
-    );
-    ensure!(b.complete_event(evs[0]), "complete_event of a live event");
-    ensure_eq!(b.pending_events(held), 2, "pending after completing one");
-    ok!(b.release_event(evs[1])); // a released event is no longer pending
-    ensure_eq!(
-        b.pending_events(held),
-        1,
-        "pending after releasing a pending event"
-    );
-    ok!(b.synchronize(held));
-    ensure_eq!(b.pending_events(held), 0, "pending after synchronize");
-    let late = ok!(b.record_event(held));
-    ensure_eq!(
-        b.pending_events(held),
-        1,
-        "pending after recording on the still-held stream"
-    );
-    b.release_stream(held);
-    ensure_eq!(b.pending_events(held), 0, "pending after release_stream");
-    for e in [evs[0], evs[2], free, late] {
-        ok!(b.release_event(e));
-    }
-    Ok(())
-}
-
-fn faults_fired_tracks_current_plan(b: &SimBackend) -> TestResult {
-    let g = b.granularity();
-    b.set_faults(
-        FaultPlan::new()
-            .fail(CallKind::Create, Trigger::Nth(1), FaultError::Injected)
-            .fail(CallKind::Reserve, Trigger::Nth(1), FaultError::Injected),
-    );
-    ensure_eq!(b.faults_fired(), 0, "faults fired before any call");
-    rejects!(b, Create, b.create(g), E::Injected);
-    ensure_eq!(b.faults_fired(), 1, "faults fired after one");
-    rejects!(b, Reserve, b.reserve(g), E::Injected);
-    ensure_eq!(b.faults_fired(), 2, "faults fired after two");
-    b.set_faults(FaultPlan::new().fail(CallKind::Create, Trigger::Nth(1), FaultError::Injected));
-    ensure_eq!(
-        b.faults_fired(),
-        0,
-        "faults fired by a newly installed plan"
-    );
-    rejects!(b, Create, b.create(g), E::Injected);
-    ensure_eq!(
-        b.clear_faults(),
-        1,
-        "clear_faults returns what the current plan fired"
-    );
-    ensure_eq!(b.faults_fired(), 0, "faults fired after clear_faults");
-    let h = ok!(b.create(g));
-    ok!(b.release(h));
     Ok(())
 }
 

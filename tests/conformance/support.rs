@@ -241,9 +241,42 @@ pub trait Emulated: Subject {
     fn with_capacity(granules: usize) -> Result<Self, BackendError>;
     fn set_faults(&self, plan: FaultPlan);
     fn clear_faults(&self) -> u64;
+    fn faults_fired(&self) -> u64;
     fn hold_stream(&self, stream: StreamId);
     fn release_stream(&self, stream: StreamId);
     fn complete_event(&self, event: EventId) -> bool;
+    fn pending_events(&self, stream: StreamId) -> usize;
+    fn stream_generation(&self, stream: StreamId) -> u64;
+}
+
+/// Implements [`Emulated`]'s forwarding methods for a backend type with those inherent methods.
+macro_rules! forward_emulated {
+    ($ty:ty) => {
+        fn set_faults(&self, plan: FaultPlan) {
+            <$ty>::set_faults(self, plan);
+        }
+        fn clear_faults(&self) -> u64 {
+            <$ty>::clear_faults(self)
+        }
+        fn faults_fired(&self) -> u64 {
+            <$ty>::faults_fired(self)
+        }
+        fn hold_stream(&self, stream: StreamId) {
+            <$ty>::hold_stream(self, stream);
+        }
+        fn release_stream(&self, stream: StreamId) {
+            <$ty>::release_stream(self, stream);
+        }
+        fn complete_event(&self, event: EventId) -> bool {
+            <$ty>::complete_event(self, event)
+        }
+        fn pending_events(&self, stream: StreamId) -> usize {
+            <$ty>::pending_events(self, stream)
+        }
+        fn stream_generation(&self, stream: StreamId) -> u64 {
+            <$ty>::stream_generation(self, stream)
+        }
+    };
 }
 
 impl Emulated for SimBackend {
@@ -257,21 +290,7 @@ impl Emulated for SimBackend {
             ..d
         })
     }
-    fn set_faults(&self, plan: FaultPlan) {
-        SimBackend::set_faults(self, plan);
-    }
-    fn clear_faults(&self) -> u64 {
-        SimBackend::clear_faults(self)
-    }
-    fn hold_stream(&self, stream: StreamId) {
-        SimBackend::hold_stream(self, stream);
-    }
-    fn release_stream(&self, stream: StreamId) {
-        SimBackend::release_stream(self, stream);
-    }
-    fn complete_event(&self, event: EventId) -> bool {
-        SimBackend::complete_event(self, event)
-    }
+    forward_emulated!(SimBackend);
 }
 
 impl Emulated for HostBackend {
@@ -285,19 +304,5 @@ impl Emulated for HostBackend {
             ..d
         })
     }
-    fn set_faults(&self, plan: FaultPlan) {
-        HostBackend::set_faults(self, plan);
-    }
-    fn clear_faults(&self) -> u64 {
-        HostBackend::clear_faults(self)
-    }
-    fn hold_stream(&self, stream: StreamId) {
-        HostBackend::hold_stream(self, stream);
-    }
-    fn release_stream(&self, stream: StreamId) {
-        HostBackend::release_stream(self, stream);
-    }
-    fn complete_event(&self, event: EventId) -> bool {
-        HostBackend::complete_event(self, event)
-    }
+    forward_emulated!(HostBackend);
 }
