@@ -120,6 +120,8 @@ pub struct MemoryStats {
     pub handles_cached: u64,
     /// Bytes of physical handles in the cache right now.
     pub handle_cache_bytes: u64,
+    /// Bytes of physical handles created so far (`cuMemCreate`).
+    pub bytes_created: u64,
     /// Page mappings served from the handle cache instead of a new `cuMemCreate`.
     pub handle_reuses: u64,
     /// Bytes of free interior pages unmapped and remapped where growth needed them.

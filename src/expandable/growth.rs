@@ -200,7 +200,10 @@ impl<B: Backend> State<B> {
             let in_use = self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held;
             if in_use + want <= self.limit {
                 match track(&mut self.stats, CallKind::Create, self.backend.create(want)) {
-                    Ok(h) => return Ok((h, want, false)),
+                    Ok(h) => {
+                        self.stats.bytes_created += want as u64;
+                        return Ok((h, want, false));
+                    }
                     Err(e) if !e.is_out_of_memory() => return Err(GrowFail::Backend(e)),
                     Err(_) => {}
                 }

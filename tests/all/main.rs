@@ -3,3 +3,4 @@
 mod expandable_behaviour;
 mod expandable_model;
 mod pytorch_parity;
+mod replay;

@@ -1,5 +1,5 @@
-//! Cases only the Sim backend runs: its defaults and settings, its address-space model, peers,
-//! and the extras (faults_fired, pending_events) only it has.
+//! Cases only the Sim backend runs: its defaults and settings, its address-space model, peer
+//! devices, and that it refuses to move bytes.
 
 use vmm_alloc::backend::{Access, Backend, CallKind, MemInfo, Protection, SimBackend, SimConfig};
 use vmm_alloc::{BackendErrorKind as E, VaRange};

@@ -1,0 +1,2 @@
+//! `vmm-replay` (being written).
+fn main() {}

@@ -1,0 +1,304 @@
+//! The replay engine: drives an allocator over a [`Trace`] on the Sim backend (exact, no GPU)
+//! and measures what it needed.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use crate::backend::{SimBackend, SimConfig};
+use crate::config::Config;
+use crate::error::AllocError;
+use crate::trace::{Event, Trace};
+use crate::{Allocation, Allocator, ExpandableAllocator, StreamId};
+
+/// An allocator policy the replay tool compares.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Policy {
+    /// PyTorch's expandable segments, faithfully ([`Config::pytorch_expandable`]).
+    PytorchExpandable,
+    /// Ours, with its defaults ([`Config::default`]).
+    Expandable,
+}
+
+impl Policy {
+    /// Every policy, in the order reports list them.
+    pub const ALL: [Policy; 2] = [Policy::PytorchExpandable, Policy::Expandable];
+
+    /// The name reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::PytorchExpandable => "pytorch-expandable",
+            Policy::Expandable => "expandable",
+        }
+    }
+
+    /// Looks a policy up by its name.
+    pub fn from_name(name: &str) -> Option<Policy> {
+        Policy::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The configuration: the policy's, with the traced program's `PYTORCH_CUDA_ALLOC_CONF`
+    /// applied when it parses (rounding, memory fraction, `max_split_size`).
+    pub fn config(self, alloc_conf: Option<&str>) -> Config {
+        let base = match self {
+            Policy::PytorchExpandable => Config::pytorch_expandable(),
+            Policy::Expandable => Config::default(),
+        };
+        match alloc_conf {
+            Some(conf) => base.clone().with_alloc_conf(conf).unwrap_or(base),
+            None => base,
+        }
+    }
+}
+
+/// How to replay.
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    /// Physical memory of the simulated device. Default 80 GiB (an H100).
+    pub capacity: usize,
+    /// Replay the traced program's `empty_cache()` calls. Default true.
+    pub replay_empty_cache: bool,
+    /// Points of the live/reserved timeline kept (each the maximum over its stretch of events).
+    pub timeline_points: usize,
+    /// Apply the trace's recorded `PYTORCH_CUDA_ALLOC_CONF`. Default true.
+    pub use_trace_settings: bool,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            capacity: 80 << 30,
+            replay_empty_cache: true,
+            timeline_points: 1000,
+            use_trace_settings: true,
+        }
+    }
+}
+
+/// One point of the timeline: the maxima over a stretch of events.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TimelinePoint {
+    /// Index of the last event of the stretch.
+    pub event: u64,
+    /// Live requested bytes.
+    pub live: u64,
+    /// Physical bytes held by the allocator (mapped pages plus cached handles).
+    pub reserved: u64,
+}
+
+/// What one allocator needed for one trace.
+#[derive(Clone, Debug)]
+pub struct ReplayOutcome {
+    /// The policy's name.
+    pub allocator: &'static str,
+    /// The simulated device's capacity.
+    pub capacity_bytes: u64,
+    /// Peak of live requested bytes (what the program needed at least).
+    pub peak_live_bytes: u64,
+    /// Peak physical memory held: mapped pages plus cached handles.
+    pub peak_reserved_bytes: u64,
+    /// `peak_live_bytes / peak_reserved_bytes`.
+    pub utilization: f64,
+    /// Allocations that failed with out-of-memory (skipped; their frees too).
+    pub ooms: u64,
+    /// Backend calls the allocator made, all kinds.
+    pub driver_calls: u64,
+    /// Bytes of physical handles created (PyTorch's policy re-creates under pressure).
+    pub bytes_created: u64,
+    /// Events replayed (initial blocks included).
+    pub events: u64,
+    /// Wall time of the replay.
+    pub seconds: f64,
+    /// `events / seconds`.
+    pub events_per_second: f64,
+    /// Live and reserved bytes over the trace.
+    pub timeline: Vec<TimelinePoint>,
+}
+
+/// Replays `trace` through `policy` on a fresh Sim device.
+pub fn replay(
+    trace: &Trace,
+    policy: Policy,
+    opts: &ReplayOptions,
+) -> Result<ReplayOutcome, AllocError> {
+    let capacity = opts.capacity.next_multiple_of(2 << 20);
+    let sim = SimBackend::with_config(SimConfig {
+        capacity,
+        ..SimConfig::default()
+    })?;
+    let conf = opts
+        .use_trace_settings
+        .then_some(trace.alloc_conf.as_deref())
+        .flatten();
+    let alloc = ExpandableAllocator::new(sim, policy.config(conf))?;
+    let total = (trace.initial.len() + trace.events.len()) as u64;
+    let stride = (total / opts.timeline_points.max(1) as u64).max(1);
+    let mut run = Run {
+        alloc: &alloc,
+        live: HashMap::new(),
+        live_bytes: 0,
+        peak_live: 0,
+        peak_reserved: 0,
+        ooms: 0,
+        timeline: Vec::new(),
+        bucket: TimelinePoint {
+            event: 0,
+            live: 0,
+            reserved: 0,
+        },
+        stride,
+        index: 0,
+    };
+    let start = Instant::now();
+    for b in &trace.initial {
+        run.alloc(b.id, b.size, b.stream)?;
+    }
+    for e in &trace.events {
+        match *e {
+            Event::Alloc { id, size, stream } => run.alloc(id, size, stream)?,
+            Event::Free { id } => run.free(id)?,
+            Event::EmptyCache if opts.replay_empty_cache => {
+                alloc.empty_cache()?;
+                run.tick();
+            }
+            Event::EmptyCache => run.tick(),
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    if run.bucket.event > 0 || run.timeline.is_empty() {
+        run.timeline.push(run.bucket);
+    }
+    let stats = alloc.stats();
+    let (peak_live, peak_reserved, ooms, timeline) =
+        (run.peak_live, run.peak_reserved, run.ooms, run.timeline);
+    Ok(ReplayOutcome {
+        allocator: policy.name(),
+        capacity_bytes: capacity as u64,
+        peak_live_bytes: peak_live,
+        peak_reserved_bytes: peak_reserved,
+        utilization: if peak_reserved == 0 {
+            0.0
+        } else {
+            peak_live as f64 / peak_reserved as f64
+        },
+        ooms,
+        driver_calls: stats.calls.total(),
+        bytes_created: stats.bytes_created,
+        events: total,
+        seconds,
+        events_per_second: if seconds > 0.0 {
+            total as f64 / seconds
+        } else {
+            0.0
+        },
+        timeline,
+    })
+}
+
+/// The smallest capacity (a multiple of `step`) with which `trace` replays through `policy` with
+/// no OOM, found by bisection between the peak live bytes and `upper`; `None` if even `upper`
+/// is not enough. Also returns the outcome of the run at that capacity.
+pub fn min_capacity(
+    trace: &Trace,
+    policy: Policy,
+    opts: &ReplayOptions,
+    upper: usize,
+    step: usize,
+) -> Result<Option<(usize, ReplayOutcome)>, AllocError> {
+    let step = step.max(1);
+    let at = |capacity: usize| {
+        replay(
+            trace,
+            policy,
+            &ReplayOptions {
+                capacity,
+                timeline_points: 1,
+                ..opts.clone()
+            },
+        )
+    };
+    let mut hi = upper.next_multiple_of(step);
+    let Ok(mut best) = at(hi) else {
+        return Ok(None);
+    };
+    if best.ooms > 0 {
+        return Ok(None);
+    }
+    // The largest multiple of `step` below the peak live bytes: nothing fits there.
+    let mut lo = (trace.peak_live_bytes() as usize).saturating_sub(1) / step * step;
+    while hi - lo > step {
+        let mid = (lo + (hi - lo) / 2) / step * step;
+        let mid = if mid <= lo { lo + step } else { mid };
+        let outcome = at(mid)?;
+        if outcome.ooms == 0 {
+            hi = mid;
+            best = outcome;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some((hi, best)))
+}
+
+struct Run<'a, A: Allocator> {
+    alloc: &'a A,
+    live: HashMap<u64, (Allocation, u64)>,
+    live_bytes: u64,
+    peak_live: u64,
+    peak_reserved: u64,
+    ooms: u64,
+    timeline: Vec<TimelinePoint>,
+    bucket: TimelinePoint,
+    stride: u64,
+    index: u64,
+}
+
+impl<A: Allocator> Run<'_, A> {
+    fn alloc(&mut self, id: u64, size: u64, stream: u64) -> Result<(), AllocError> {
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        match self.alloc.allocate(size, StreamId::sim(stream)) {
+            Ok(a) => {
+                self.live_bytes += size as u64;
+                self.peak_live = self.peak_live.max(self.live_bytes);
+                // A reused id (a reader's bug) must not leak the earlier allocation.
+                if let Some((old, old_size)) = self.live.insert(id, (a, size as u64)) {
+                    self.live_bytes -= old_size;
+                    self.alloc.deallocate(old)?;
+                }
+            }
+            Err(e) if e.is_out_of_memory() || matches!(e, AllocError::TooLarge { .. }) => {
+                self.ooms += 1
+            }
+            Err(e) => return Err(e),
+        }
+        self.tick();
+        Ok(())
+    }
+
+    fn free(&mut self, id: u64) -> Result<(), AllocError> {
+        // Frees of allocations that failed are skipped, as the program would not have made them.
+        if let Some((a, size)) = self.live.remove(&id) {
+            self.live_bytes -= size;
+            self.alloc.deallocate(a)?;
+        }
+        self.tick();
+        Ok(())
+    }
+
+    fn tick(&mut self) {
+        let s = self.alloc.stats();
+        let reserved = s.reserved_bytes.all.current + s.handle_cache_bytes;
+        self.peak_reserved = self.peak_reserved.max(reserved);
+        self.bucket.live = self.bucket.live.max(self.live_bytes);
+        self.bucket.reserved = self.bucket.reserved.max(reserved);
+        self.bucket.event = self.index;
+        self.index += 1;
+        if self.index.is_multiple_of(self.stride) {
+            self.timeline.push(self.bucket);
+            self.bucket = TimelinePoint {
+                event: self.index,
+                live: 0,
+                reserved: 0,
+            };
+        }
+    }
+}
