@@ -58,12 +58,13 @@ impl<R: RawDevice> Checked<R> {
     fn call<T>(
         &self,
         kind: CallKind,
+        requested: usize,
         body: impl FnOnce(&mut State<R>) -> Result<T, E>,
     ) -> Result<T, BackendError> {
         let mut state = self.state.lock();
         state.calls.count_call(kind);
         let result = match state.faults.on_call(kind) {
-            Some(fault) => Err(state.injected(fault, kind)),
+            Some(fault) => Err(state.injected(fault, kind, requested)),
             None => body(&mut state),
         };
         result.map_err(|e| {
@@ -99,7 +100,7 @@ impl<R: RawDevice> Checked<R> {
 }
 
 impl<R: RawDevice> State<R> {
-    fn injected(&self, fault: FaultError, kind: CallKind) -> E {
+    fn injected(&self, fault: FaultError, kind: CallKind, requested: usize) -> E {
         match (fault, kind) {
             (FaultError::OutOfMemory, CallKind::Reserve) => {
                 E::AddressSpaceExhausted { requested: 0 }
@@ -107,7 +108,7 @@ impl<R: RawDevice> State<R> {
             (FaultError::OutOfMemory, _) => {
                 let total = self.ledger.capacity().unwrap_or(0);
                 E::OutOfMemory {
-                    requested: 0,
+                    requested,
                     free: total.saturating_sub(self.ledger.physical_bytes()),
                     total,
                 }
@@ -147,7 +148,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn reserve(&self, len: usize) -> Result<VaRange, BackendError> {
-        self.call(CallKind::Reserve, |s| {
+        self.call(CallKind::Reserve, len, |s| {
             s.ledger.check_len(len)?;
             let base = s.raw.reserve(len)?;
             s.ledger.apply_reserve(base, len);
@@ -159,7 +160,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn free_reservation(&self, range: VaRange) -> Result<(), BackendError> {
-        self.call(CallKind::FreeReservation, |s| {
+        self.call(CallKind::FreeReservation, 0, |s| {
             s.ledger.check_free_reservation(range)?;
             s.raw.free_reservation(range.start.get(), range.len)?;
             s.ledger.apply_free_reservation(range);
@@ -168,7 +169,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn create(&self, len: usize) -> Result<PhysHandle, BackendError> {
-        self.call(CallKind::Create, |s| {
+        self.call(CallKind::Create, len, |s| {
             s.ledger.check_create(len)?;
             let raw = s.raw.create(len)?;
             Ok(s.ledger.apply_create(raw, len))
@@ -176,7 +177,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn release(&self, handle: PhysHandle) -> Result<(), BackendError> {
-        self.call(CallKind::Release, |s| {
+        self.call(CallKind::Release, 0, |s| {
             let entry = s.ledger.live_handle(handle)?;
             s.raw.release(entry.raw)?;
             if let Some((raw, len)) = s.ledger.apply_release(handle) {
@@ -193,7 +194,7 @@ impl<R: RawDevice> Backend for Checked<R> {
         handle: PhysHandle,
         offset: usize,
     ) -> Result<(), BackendError> {
-        self.call(CallKind::Map, |s| {
+        self.call(CallKind::Map, 0, |s| {
             let raw = s.ledger.check_map(at, len, handle, offset)?;
             s.raw.map(at.get(), len, raw, offset)?;
             s.ledger.apply_map(at, len, handle);
@@ -202,7 +203,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn unmap(&self, at: DevAddr, len: usize) -> Result<(), BackendError> {
-        self.call(CallKind::Unmap, |s| {
+        self.call(CallKind::Unmap, 0, |s| {
             let starts = s.ledger.check_unmap(at, len)?;
             s.raw.unmap(at.get(), len)?;
             for (raw, len) in s.ledger.apply_unmap(&starts) {
@@ -213,7 +214,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn set_access(&self, at: DevAddr, len: usize, access: &[Access]) -> Result<(), BackendError> {
-        self.call(CallKind::SetAccess, |s| {
+        self.call(CallKind::SetAccess, 0, |s| {
             let starts = s.ledger.check_set_access(at, len, access)?;
             s.raw.set_access(at.get(), len, access)?;
             s.ledger.apply_set_access(&starts, access);
@@ -222,7 +223,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn mem_info(&self) -> Result<MemInfo, BackendError> {
-        self.call(CallKind::MemInfo, |s| {
+        self.call(CallKind::MemInfo, 0, |s| {
             if let Some(info) = s.raw.mem_info()? {
                 return Ok(info);
             }
@@ -235,7 +236,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn record_event(&self, stream: StreamId) -> Result<EventId, BackendError> {
-        self.call(CallKind::RecordEvent, |s| {
+        self.call(CallKind::RecordEvent, 0, |s| {
             s.ledger.stream_check(s.raw.knows_stream(stream), stream)?;
             let raw = s.raw.record_event(stream)?;
             Ok(s.ledger.apply_record_event(raw))
@@ -243,14 +244,14 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn query_event(&self, event: EventId) -> Result<bool, BackendError> {
-        self.call(CallKind::QueryEvent, |s| {
+        self.call(CallKind::QueryEvent, 0, |s| {
             let entry = s.ledger.live_event(event)?;
             s.raw.query_event(entry.raw)
         })
     }
 
     fn release_event(&self, event: EventId) -> Result<(), BackendError> {
-        self.call(CallKind::ReleaseEvent, |s| {
+        self.call(CallKind::ReleaseEvent, 0, |s| {
             let entry = s.ledger.live_event(event)?;
             s.raw.release_event(entry.raw)?;
             s.ledger.apply_release_event(event);
@@ -259,14 +260,14 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn synchronize(&self, stream: StreamId) -> Result<(), BackendError> {
-        self.call(CallKind::Synchronize, |s| {
+        self.call(CallKind::Synchronize, 0, |s| {
             s.ledger.stream_check(s.raw.knows_stream(stream), stream)?;
             s.raw.synchronize(stream)
         })
     }
 
     fn write(&self, at: DevAddr, data: &[u8]) -> Result<(), BackendError> {
-        self.call(CallKind::Write, |s| {
+        self.call(CallKind::Write, 0, |s| {
             s.bytes_supported()?;
             s.ledger
                 .check_bytes(at, data.len(), Protection::ReadWrite)?;
@@ -278,7 +279,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn read(&self, at: DevAddr, out: &mut [u8]) -> Result<(), BackendError> {
-        self.call(CallKind::Read, |s| {
+        self.call(CallKind::Read, 0, |s| {
             s.bytes_supported()?;
             s.ledger.check_bytes(at, out.len(), Protection::Read)?;
             if out.is_empty() {

@@ -1,11 +1,11 @@
 //! `ExpandableAllocator`: expandable segments over any [`Backend`], better than PyTorch's.
 //!
 //! One segment per (stream, pool): a VA range reserved once and grown in place by mapping pages
-//! (Note [Growth] in `growth.rs`). Small requests (≤ 1 MiB) and large ones use separate segments,
+//! (Note \[Growth\] in `growth.rs`). Small requests (≤ 1 MiB) and large ones use separate segments,
 //! as in PyTorch. Freed blocks coalesce with free neighbours and are reused best-fit on their
 //! stream; memory used by other streams (`record_stream`) is reused only after their events
 //! complete. The improvements over PyTorch, each a [`Config`] switch: the handle cache
-//! (Note [Handle cache]), remap-defrag (Note [Remap]), one set-access call per mapped run, exact
+//! (Note \[Handle cache\]), remap-defrag (Note \[Remap\]), one set-access call per mapped run, exact
 //! rollback of a failed growth, and `max_split_size` not applied to expandable blocks.
 
 mod check;
