@@ -5,7 +5,12 @@
 //! Addresses are resolved by the readers: every allocation gets an id, and a free names the id it
 //! frees, so replay never depends on where the traced allocator put things.
 
+pub mod native;
+pub mod pickle;
 pub mod replay;
+pub mod rmm_csv;
+pub mod snapshot;
+pub mod workloads;
 
 use std::fmt;
 

@@ -1,0 +1,272 @@
+//! Every real snapshot in `../shared/traces/pytorch` against the independent reader
+//! `../shared/tools/trace_summary.py --json`: per device, peak live, recorded peak reserved and
+//! start state must be equal. Without the folder (or python3) the tests print why and pass; their
+//! names say `requires_shared_traces` so the dependency is visible in the test list.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use vmm_alloc::trace::pickle;
+use vmm_alloc::trace::snapshot::{analyse_snapshot, read_snapshot_file, ReleaseRuns};
+use vmm_alloc::trace::Event;
+
+use crate::json::{self, Json};
+
+fn shared(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared")
+        .join(rel)
+}
+
+/// The `.pickle` files directly in `dir`, sorted; `None` (after printing why) when absent.
+fn pickles(dir: &Path) -> Option<Vec<PathBuf>> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        eprintln!(
+            "SKIPPED: ../shared/traces not found ({} is not readable)",
+            dir.display()
+        );
+        return None;
+    };
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "pickle"))
+        .collect();
+    files.sort();
+    Some(files)
+}
+
+fn stem(p: &Path) -> String {
+    p.file_stem().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn requires_shared_traces_figures_match_trace_summary() {
+    let Some(files) = pickles(&shared("traces/pytorch")) else {
+        return;
+    };
+    assert!(!files.is_empty());
+    let tool = shared("tools/trace_summary.py");
+    let out = match Command::new("python3")
+        .arg(&tool)
+        .arg("--json")
+        .args(&files)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("SKIPPED: python3 not available to run trace_summary.py: {e}");
+            return;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "trace_summary.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = json::parse(&String::from_utf8_lossy(&out.stdout)).expect("trace_summary JSON");
+    let results = summary.as_arr();
+    assert_eq!(results.len(), files.len());
+
+    eprintln!(
+        "{:<34} {:>6} {:>14} {:>14} {:>14} {:>14} {:>10} {:>4} {:>4} {:>6}",
+        "file",
+        "events",
+        "peak live",
+        "(summary)",
+        "peak reserved",
+        "(summary)",
+        "start",
+        "skip",
+        "EC",
+        "retry"
+    );
+    let mut mismatches = Vec::new();
+    for (file, res) in files.iter().zip(results) {
+        let name = stem(file);
+        assert_eq!(res.get("error"), None, "{name}: trace_summary error");
+        let bytes = std::fs::read(file).unwrap();
+        let ours = analyse_snapshot(&bytes, &name).unwrap_or_else(|e| panic!("{e}"));
+        let devices: Vec<&Json> = res
+            .get("devices")
+            .map(Json::as_arr)
+            .unwrap_or(&[])
+            .iter()
+            .filter(|d| d.get("events").and_then(Json::as_u64).unwrap_or(0) > 0)
+            .collect();
+        assert_eq!(ours.len(), devices.len(), "{name}: devices with events");
+        for (d, mine) in devices.iter().zip(&ours) {
+            let dev = d.get("device").and_then(Json::as_u64).unwrap();
+            assert_eq!(mine.device, dev, "{name}");
+            let t = &mine.trace;
+            let num = |k: &str| d.get(k).and_then(Json::as_u64);
+            let live = t.peak_live_bytes();
+            let reserved = t.recorded.map(|r| r.peak_reserved_bytes);
+            let state = d.get("start_state").and_then(Json::as_str).unwrap_or("?");
+            let ec = t.events.iter().filter(|e| **e == Event::EmptyCache).count();
+            eprintln!(
+                "{:<34} {:>6} {:>14} {:>14} {:>14} {:>14} {:>10} {:>4} {:>4} {:>6}",
+                t.name,
+                num("events").unwrap_or(0),
+                live,
+                num("peak_live_total").unwrap_or(0),
+                reserved.unwrap_or(0),
+                num("peak_reserved").unwrap_or(0),
+                t.start.to_string(),
+                t.skipped_frees,
+                ec,
+                mine.release_runs.alloc_retry
+            );
+            let mut check = |what: &str, ok: bool| {
+                if !ok {
+                    mismatches.push(format!("{}: {what}", t.name));
+                }
+            };
+            check("peak live", Some(live) == num("peak_live_total"));
+            if let Some(pr) = num("peak_reserved") {
+                check("peak reserved", reserved == Some(pr));
+            }
+            check("start state", t.start.to_string() == state);
+            let allocs = t
+                .events
+                .iter()
+                .filter(|e| matches!(e, Event::Alloc { .. }))
+                .count();
+            check("allocs", Some(allocs as u64) == num("n_alloc"));
+            let before = num("preexisting_blocks").unwrap_or(0) + num("orphan_frees").unwrap_or(0);
+            check("initial blocks", t.initial.len() as u64 == before);
+            let actions = d.get("actions");
+            let count = |a: &str| {
+                actions
+                    .and_then(|x| x.get(a))
+                    .and_then(Json::as_u64)
+                    .unwrap_or(0)
+            };
+            let r = t.recorded.unwrap_or_default();
+            check(
+                "segment counts",
+                r.segment_allocs == count("segment_alloc") + count("segment_map")
+                    && r.segment_frees == count("segment_free") + count("segment_unmap"),
+            );
+            check(
+                "alloc_conf parses",
+                t.alloc_conf
+                    .as_deref()
+                    .is_none_or(|c| vmm_alloc::config::parse_alloc_conf(c).is_ok()),
+            );
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "differences from trace_summary: {mismatches:#?}"
+    );
+}
+
+#[test]
+fn requires_shared_traces_release_runs_of_known_files() {
+    let dir = shared("traces/pytorch");
+    if !dir.is_dir() {
+        eprintln!("SKIPPED: ../shared/traces not found");
+        return;
+    }
+    // From the README and the frames: two CS336 runs start with empty_cache(); nca2d-peso event
+    // 2045 and nca3d-cholec event 2077 are malloc's release-and-retry; nca3d-cholec also calls
+    // empty_cache() at its start.
+    let retry = |n| ReleaseRuns {
+        empty_cache: 0,
+        alloc_retry: n,
+        before_oom: 0,
+    };
+    for (name, expected) in [
+        (
+            "cs336-2.7b-ctx512-forward-bf16",
+            ReleaseRuns {
+                empty_cache: 1,
+                ..retry(0)
+            },
+        ),
+        (
+            "cs336-2.7b-forward-compiled",
+            ReleaseRuns {
+                empty_cache: 1,
+                ..retry(0)
+            },
+        ),
+        ("nca2d-peso-inference", retry(1)),
+        (
+            "nca3d-cholec-inference",
+            ReleaseRuns {
+                empty_cache: 1,
+                ..retry(1)
+            },
+        ),
+        ("cs336-2.7b-ctx128-fullstep", retry(0)),
+    ] {
+        let path = dir.join(format!("{name}.pickle"));
+        let Ok(bytes) = std::fs::read(&path) else {
+            eprintln!("SKIPPED: {} not found", path.display());
+            continue;
+        };
+        let d = analyse_snapshot(&bytes, name).unwrap();
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].release_runs, expected, "{name}");
+        let ec = d[0]
+            .trace
+            .events
+            .iter()
+            .filter(|e| **e == Event::EmptyCache)
+            .count();
+        assert_eq!(ec as u64, expected.empty_cache, "{name}");
+    }
+}
+
+#[test]
+fn requires_shared_traces_state_only_snapshots_read() {
+    let Some(files) = pickles(&shared("traces/pytorch/state-only")) else {
+        return;
+    };
+    assert!(!files.is_empty());
+    for f in files {
+        let traces = read_snapshot_file(&f).unwrap_or_else(|e| panic!("{e}"));
+        for t in &traces {
+            assert!(
+                t.events.is_empty(),
+                "{}: a state-only snapshot has no events",
+                t.name
+            );
+        }
+    }
+}
+
+#[test]
+fn requires_shared_traces_decode_time_of_largest_file() {
+    let Some(files) = pickles(&shared("traces/pytorch")) else {
+        return;
+    };
+    let Some(largest) = files
+        .iter()
+        .max_by_key(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
+    else {
+        return;
+    };
+    let bytes = std::fs::read(largest).unwrap();
+    // Best of 3 (the first run also pays for faulting in fresh heap pages).
+    let (mut decode, mut whole) = (f64::MAX, f64::MAX);
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let v = pickle::parse(&bytes).unwrap();
+        decode = decode.min(t0.elapsed().as_secs_f64() * 1e3);
+        assert!(v.get("device_traces").is_some());
+        drop(v);
+        let t1 = Instant::now();
+        let traces = analyse_snapshot(&bytes, "largest").unwrap();
+        whole = whole.min(t1.elapsed().as_secs_f64() * 1e3);
+        assert!(!traces.is_empty());
+    }
+    eprintln!(
+        "{} ({} bytes): pickle decode {decode:.1} ms, decode + snapshot conversion {whole:.1} ms \
+         (best of 3; the decode figure excludes dropping the values)",
+        largest.display(),
+        bytes.len(),
+    );
+}
