@@ -1,0 +1,82 @@
+//! The command line.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Replays allocation traces recorded by real programs against each allocator on a simulated
+/// device, and compares how much memory each needed.
+///
+/// With no FILES, the built-in workloads run (transformer training, inference with a growing KV
+/// cache, varying batch sizes, RMM-style random allocations).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+pub struct Args {
+    /// Trace files: PyTorch memory snapshots (.pickle), RMM logging CSV, or vmm-alloc traces
+    /// (the format is chosen by content, not by name).
+    pub files: Vec<PathBuf>,
+    /// Physical memory of the simulated device: bytes, or a number with a unit (KiB, MiB, GiB,
+    /// TiB; K, M, G, T and KB, MB, GB, TB mean the same binary units, as nvidia-smi does).
+    #[arg(long, default_value = "80GiB", value_parser = parse_size)]
+    pub capacity: u64,
+    /// Also find, by bisection to the 2 MiB granularity, the smallest capacity with which each
+    /// trace replays without an out-of-memory error, and report the run at that capacity.
+    #[arg(long)]
+    pub min_capacity: bool,
+    /// Print JSON (field names in the README) instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// Draw live and reserved bytes over each trace into this file (.svg or .png). With several
+    /// traces, one file each: NAME-TRACE.svg.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// Allocators to compare, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "pytorch-expandable,expandable"
+    )]
+    pub allocators: Vec<String>,
+    /// Do not replay the traced program's empty_cache() calls.
+    #[arg(long)]
+    pub no_empty_cache: bool,
+    /// Ignore the traced program's recorded PYTORCH_CUDA_ALLOC_CONF.
+    #[arg(long)]
+    pub ignore_trace_settings: bool,
+    /// Write the trace read (exactly one) in vmm-alloc's compact format to this file, then
+    /// replay it as usual.
+    #[arg(long, value_name = "FILE")]
+    pub write_trace: Option<PathBuf>,
+}
+
+/// Parses `80GiB`, `24G`, `512 MiB`, `1.5TiB` or a plain byte count.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?}: use B, KiB, MiB, GiB or TiB"
+            ))
+        }
+    };
+    let value: f64 = number.parse().map_err(|_| {
+        format!("{text:?} is not a size: expected e.g. 80GiB, 512MiB or 1073741824")
+    })?;
+    let bytes = value * (1u64 << shift) as f64;
+    // 1 EiB: far beyond any device, and well inside u64 and usize.
+    if !(bytes.is_finite() && bytes >= 1.0 && bytes <= (1u64 << 60) as f64) {
+        return Err(format!(
+            "{text:?} is out of range: a capacity is between 1 byte and 1 EiB"
+        ));
+    }
+    Ok(bytes as u64)
+}
