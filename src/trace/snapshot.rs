@@ -55,6 +55,10 @@ use super::pickle::{self, Value};
 use super::{Event, InitialBlock, Recorded, StartState, Trace, TraceError};
 use crate::config::parse_alloc_conf;
 
+/// More devices than any machine has: segments naming more are a corrupt file, and refusing them
+/// keeps the per-device work bounded.
+const MAX_STATE_ONLY_DEVICES: usize = 1024;
+
 /// One device's trace, with what the reader learned on the way.
 #[derive(Clone, PartialEq, Debug)]
 pub struct DeviceTrace {
@@ -77,8 +81,10 @@ pub struct ReleaseRuns {
     pub before_oom: u64,
 }
 
-/// Reads a snapshot from its bytes: one [`Trace`] per device with trace entries, named `name`
-/// (the file stem), plus `#<device>` when several devices have entries.
+/// Reads a snapshot from its bytes: one [`Trace`] per device with trace entries or segments,
+/// named `name` (the file stem), plus `#<device>` when there are several. A device with segments
+/// and no entries (a state-only snapshot) gives a trace of its blocks live at the dump and no
+/// events.
 pub fn read_snapshot(bytes: &[u8], name: &str) -> Result<Vec<Trace>, TraceError> {
     Ok(analyse_snapshot(bytes, name)?
         .into_iter()
@@ -112,7 +118,7 @@ pub fn analyse_snapshot(bytes: &[u8], name: &str) -> Result<Vec<DeviceTrace>, Tr
     let root = pickle::parse(bytes).map_err(|e| fail(e.to_string()))?;
     let (segments, traces, settings) = match &root {
         // torch 1.13's memory_snapshot(): a bare list of segments, no trace.
-        Value::List(_) => return Ok(Vec::new()),
+        Value::List(_) => (Some(&root), None, None),
         Value::Dict(_) if root.get("segments").is_some() || root.get("device_traces").is_some() => (
             root.get("segments"),
             root.get("device_traces"),
@@ -149,6 +155,23 @@ pub fn analyse_snapshot(bytes: &[u8], name: &str) -> Result<Vec<DeviceTrace>, Tr
             per_device.push((dev as u64, entries));
         }
     }
+    // A device with segments but no trace entries (a state-only snapshot, recorded with history
+    // off) still replays: its blocks live at the dump are allocated, and nothing else happens.
+    let mut state_only: Vec<u64> = segments
+        .iter()
+        .map(|s| s.get("device").and_then(Value::as_u64).unwrap_or(0))
+        .filter(|d| per_device.iter().all(|(dev, _)| dev != d))
+        .collect();
+    state_only.sort_unstable();
+    state_only.dedup();
+    if state_only.len() > MAX_STATE_ONLY_DEVICES {
+        return Err(fail(format!(
+            "segments name {} devices; no machine has more than {MAX_STATE_ONLY_DEVICES}",
+            state_only.len()
+        )));
+    }
+    per_device.extend(state_only.into_iter().map(|dev| (dev, &[][..])));
+    per_device.sort_unstable_by_key(|(dev, _)| *dev);
     let several = per_device.len() > 1;
     let mut work = Work::new(bytes.len());
     per_device

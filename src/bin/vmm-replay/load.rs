@@ -28,7 +28,14 @@ pub fn load(path: &Path) -> Result<Vec<Trace>, TraceError> {
     }
     // Pickle protocol 2+ starts with PROTO (0x80); PyTorch writes protocol 4.
     if bytes.first() == Some(&0x80) {
-        return snapshot::read_snapshot(&bytes, &name).map_err(tag);
+        let traces = snapshot::read_snapshot(&bytes, &name).map_err(tag)?;
+        if traces.is_empty() {
+            return Err(TraceError {
+                file,
+                message: "the snapshot has no trace entries and no segments: nothing to replay (record with torch.cuda.memory._record_memory_history() before the dump)".into(),
+            });
+        }
+        return Ok(traces);
     }
     let text = std::str::from_utf8(&bytes).map_err(|_| TraceError {
         file: file.clone(),

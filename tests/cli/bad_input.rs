@@ -1,0 +1,151 @@
+//! Bad files and bad arguments: a one-line error naming what is wrong, a non-zero exit, never a
+//! panic (exit code 101).
+
+use super::*;
+
+/// `vmm-replay FILE` must fail with one line that names the file and says `what`.
+fn refused(test: &str, name: &str, bytes: &[u8], what: &str) {
+    let path = file(test, name, bytes);
+    let o = vmm_replay(&[path.to_str().unwrap()]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{name}: {err}");
+    assert_eq!(err.lines().count(), 1, "{name}: one line, got:\n{err}");
+    assert!(err.starts_with("vmm-replay: "), "{err}");
+    assert!(
+        err.contains(path.to_str().unwrap()),
+        "{name}: the file is not named: {err}"
+    );
+    assert!(
+        err.to_lowercase().contains(what),
+        "{name}: expected {what:?} in: {err}"
+    );
+    assert!(stdout(&o).is_empty(), "{name}: nothing on stdout");
+}
+
+#[test]
+fn missing_and_unreadable_files() {
+    let o = vmm_replay(&["/nonexistent/trace.pickle"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("/nonexistent/trace.pickle"),
+        "{}",
+        stderr(&o)
+    );
+    refused("empty", "empty.csv", b"", "");
+    refused(
+        "binary",
+        "noise.bin",
+        &[0xff, 0xfe, 0x00, 0x13, 0x37],
+        "not a pytorch snapshot",
+    );
+}
+
+#[test]
+fn broken_pickles() {
+    // A snapshot with no segments and no trace entries.
+    refused(
+        "list",
+        "list.pickle",
+        b"\x80\x04]\x94.",
+        "nothing to replay",
+    );
+    // A pickled string, not a snapshot.
+    refused(
+        "str",
+        "str.pickle",
+        b"\x80\x04\x8c\x02hi\x94.",
+        "not a pytorch memory snapshot",
+    );
+    // Cut off in the middle of a string.
+    refused("cut", "cut.pickle", b"\x80\x04}\x94(\x8c\x08segm", "");
+    // Would import os.system if unpickled by Python.
+    refused(
+        "global",
+        "global.pickle",
+        b"\x80\x04\x8c\x02os\x8c\x06system\x93.",
+        "",
+    );
+    // A million nested lists.
+    let mut deep = b"\x80\x04".to_vec();
+    deep.extend(std::iter::repeat_n(b']', 1_000_000));
+    refused("deep", "deep.pickle", &deep, "");
+    // A string that claims 4 GiB.
+    refused("huge", "huge.pickle", b"\x80\x04X\xff\xff\xff\xff", "");
+}
+
+#[test]
+fn broken_rmm_logs() {
+    refused(
+        "columns",
+        "columns.csv",
+        b"Thread,Time,Action\n1,t,allocate\n",
+        "pointer",
+    );
+    let negative = b"Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0x10,-5,0x0\n";
+    refused("negative", "negative.csv", negative, "line 2");
+    let absurd =
+        b"Thread,Time,Action,Pointer,Size,Stream\n1,t,allocate,0x10,99999999999999999999,0x0\n";
+    refused("absurd", "absurd.csv", absurd, "line 2");
+    let action = b"Thread,Time,Action,Pointer,Size,Stream\n1,t,reticulate,0x10,5,0x0\n";
+    refused("action", "action.csv", action, "line 2");
+}
+
+#[test]
+fn corrupted_native_traces() {
+    let log = file("native", "small.csv", &small_log());
+    let native = log.with_file_name("small.vmmtrace");
+    let o = vmm_replay(&[
+        "--write-trace",
+        native.to_str().unwrap(),
+        log.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let good = std::fs::read(&native).unwrap();
+    let mut flipped = good.clone();
+    let middle = flipped.len() / 2;
+    flipped[middle] ^= 0x40;
+    refused("native", "flipped.vmmtrace", &flipped, "");
+    refused("native", "cut.vmmtrace", &good[..good.len() - 3], "");
+}
+
+#[test]
+fn bad_arguments_print_usage_or_a_clear_error() {
+    let o = vmm_replay(&["--frobnicate"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("Usage"), "{}", stderr(&o));
+    for capacity in ["0", "-1GiB", "12XB", "1e30", "lots", "2048PiB", "1.5.2GiB"] {
+        let o = vmm_replay(&[&format!("--capacity={capacity}")]);
+        assert_eq!(
+            o.status.code(),
+            Some(2),
+            "--capacity {capacity}: {}",
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains("--capacity"), "{}", stderr(&o));
+    }
+    let o = vmm_replay(&["--allocators", "magic"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("unknown allocator \"magic\""),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        stderr(&o).contains("pytorch-expandable"),
+        "lists the known ones"
+    );
+    let o = vmm_replay(&["--plot", "out.txt"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains(".svg or .png"), "{}", stderr(&o));
+    let a = file("write-several", "a.csv", &small_log());
+    let b = file("write-several", "b.csv", &small_log());
+    let out = a.with_file_name("out.vmmtrace");
+    let o = vmm_replay(&[
+        "--write-trace",
+        out.to_str().unwrap(),
+        a.to_str().unwrap(),
+        b.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("exactly one trace"), "{}", stderr(&o));
+}
