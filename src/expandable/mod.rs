@@ -11,6 +11,7 @@
 mod check;
 mod growth;
 mod handle_cache;
+mod recent_frees;
 mod segment;
 mod snapshot;
 mod state;

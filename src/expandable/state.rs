@@ -3,12 +3,13 @@
 //! Blocks are carved best-fit (smallest free range that fits, lowest address on ties) from the free
 //! ranges of the request's (stream, pool); when none fits, a segment grows (`growth.rs`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
 use crate::config::{round_size, Config, ONE_EXA_BYTES, SMALL_SIZE};
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::expandable::handle_cache::HandleCache;
+use crate::expandable::recent_frees::RecentFrees;
 use crate::expandable::segment::Segment;
 use crate::stats::{MemoryStats, PoolKind};
 use crate::units::DevAddr;
@@ -62,8 +63,7 @@ pub(crate) struct State<B: Backend> {
     pub(crate) pending: Vec<Pending>,
     pub(crate) cache: HandleCache,
     pub(crate) stats: MemoryStats,
-    recent_frees: VecDeque<u64>,
-    recent_set: HashSet<u64>,
+    recent_frees: RecentFrees,
 }
 
 impl<B: Backend> State<B> {
@@ -93,8 +93,7 @@ impl<B: Backend> State<B> {
             pending: Vec::new(),
             cache: HandleCache::default(),
             stats,
-            recent_frees: VecDeque::new(),
-            recent_set: HashSet::new(),
+            recent_frees: RecentFrees::new(RECENT_FREES),
         })
     }
 
@@ -200,9 +199,7 @@ impl<B: Backend> State<B> {
                 uses: Vec::new(),
             },
         );
-        if self.recent_set.remove(&at) {
-            self.recent_frees.retain(|&a| a != at);
-        }
+        self.recent_frees.forget(at);
         let (r, s) = (rounded as u64, &mut self.stats);
         s.allocation.increase(pool, 1);
         s.allocated_bytes.increase(pool, r);
@@ -287,7 +284,7 @@ impl<B: Backend> State<B> {
         let addr = ptr.get();
         let Some(block) = self.live.get(&addr) else {
             return Err(
-                if self.recent_set.contains(&addr) || self.pending.iter().any(|p| p.addr == addr) {
+                if self.recent_frees.contains(addr) || self.pending.iter().any(|p| p.addr == addr) {
                     AllocError::DoubleFree(ptr)
                 } else {
                     AllocError::InvalidPointer(ptr)
@@ -319,13 +316,7 @@ impl<B: Backend> State<B> {
         self.stats
             .allocated_bytes
             .decrease(block.pool, block.size as u64);
-        self.recent_set.insert(addr);
-        self.recent_frees.push_back(addr);
-        if self.recent_frees.len() > RECENT_FREES {
-            if let Some(old) = self.recent_frees.pop_front() {
-                self.recent_set.remove(&old);
-            }
-        }
+        self.recent_frees.remember(addr);
         if events.is_empty() {
             self.free_block(addr, &block);
         } else {

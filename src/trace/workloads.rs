@@ -596,3 +596,23 @@ pub fn builtin() -> Vec<Trace> {
         rmm_random(1, 64 * MIB, 100_000),
     ]
 }
+
+/// The names [`by_name`] knows, in the order [`builtin`] lists them.
+pub const NAMES: [&str; 4] = [
+    "transformer-training",
+    "inference-kv-cache",
+    "varying-batch",
+    "rmm-random",
+];
+
+/// The workload called `name` (one of [`NAMES`]) with `seed`; `ops` and `max_size` shape
+/// [`rmm_random`] and are ignored by the others. `None` for an unknown name.
+pub fn by_name(name: &str, seed: u64, ops: u64, max_size: u64) -> Option<Trace> {
+    match name {
+        "transformer-training" => Some(transformer_training(seed)),
+        "inference-kv-cache" => Some(inference_kv_cache(seed)),
+        "varying-batch" => Some(varying_batch(seed)),
+        "rmm-random" => Some(rmm_random(seed, max_size, ops)),
+        _ => None,
+    }
+}

@@ -128,6 +128,36 @@ fn bad_pointers_are_errors() {
 }
 
 #[test]
+fn double_free_is_told_from_a_reused_address_after_many_frees() {
+    let alloc = ExpandableAllocator::new(sim(1 << 30), Config::default()).unwrap();
+    // The same address freed, reused and freed again thousands of times: each second free is a
+    // double free, and a live reuse of the address is never mistaken for one.
+    for _ in 0..10_000 {
+        let a = alloc.allocate(4096, S0).unwrap();
+        let p = a.ptr();
+        alloc.deallocate(a).unwrap();
+        assert!(matches!(alloc.deallocate_ptr(p), Err(AllocError::DoubleFree(_))));
+        let b = alloc.allocate(4096, S0).unwrap();
+        assert_eq!(b.ptr(), p, "best fit reuses the freed block");
+        alloc.deallocate(b).unwrap();
+    }
+    // A free remembered long ago is forgotten once thousands of other addresses were freed since;
+    // it then reads as a foreign pointer, still an error.
+    let old = alloc.allocate(4096, S0).unwrap();
+    let old_ptr = old.ptr();
+    let keep = alloc.allocate(4096, S0).unwrap();
+    alloc.deallocate(old).unwrap();
+    let many: Vec<_> = (0..5000).map(|_| alloc.allocate(512, S0).unwrap()).collect();
+    for a in many {
+        alloc.deallocate(a).unwrap();
+    }
+    assert!(alloc.deallocate_ptr(old_ptr).is_err());
+    alloc.deallocate(keep).unwrap();
+    alloc.check_invariants().unwrap();
+    assert_eq!(alloc.stats().allocation.all.current, 0);
+}
+
+#[test]
 fn record_stream_blocks_reuse_until_the_event_completes() {
     let backend = sim(1 << 30);
     let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();

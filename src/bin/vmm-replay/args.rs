@@ -8,13 +8,26 @@ use clap::Parser;
 /// device, and compares how much memory each needed.
 ///
 /// With no FILES, the built-in workloads run (transformer training, inference with a growing KV
-/// cache, varying batch sizes, RMM-style random allocations).
+/// cache, varying batch sizes, RMM-style random allocations): see --workload.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 pub struct Args {
     /// Trace files: PyTorch memory snapshots (.pickle), RMM logging CSV, or vmm-alloc traces
     /// (the format is chosen by content, not by name).
     pub files: Vec<PathBuf>,
+    /// Replay this built-in workload (repeatable): transformer-training, inference-kv-cache,
+    /// varying-batch or rmm-random. With no FILES and no --workload, all four run.
+    #[arg(long, value_name = "NAME")]
+    pub workload: Vec<String>,
+    /// Seed of the built-in workloads (the same seed gives the same trace).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Steps of the rmm-random workload.
+    #[arg(long, default_value_t = 100_000)]
+    pub ops: u64,
+    /// Largest allocation of the rmm-random workload (sizes are uniform from 1 byte up to it).
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    pub max_size: u64,
     /// Physical memory of the simulated device: bytes, or a number with a unit (KiB, MiB, GiB,
     /// TiB; K, M, G, T and KB, MB, GB, TB mean the same binary units, as nvidia-smi does).
     #[arg(long, default_value = "80GiB", value_parser = parse_size)]

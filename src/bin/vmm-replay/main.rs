@@ -111,15 +111,24 @@ fn policies(names: &[String]) -> Result<Vec<Policy>, String> {
 }
 
 fn read_traces(args: &Args) -> Result<Vec<Trace>, String> {
-    let traces = if args.files.is_empty() {
-        workloads::builtin()
-    } else {
-        let mut all = Vec::new();
-        for f in &args.files {
-            all.extend(load::load(f).map_err(|e| e.to_string())?);
+    let mut traces = Vec::new();
+    for f in &args.files {
+        traces.extend(load::load(f).map_err(|e| e.to_string())?);
+    }
+    for name in &args.workload {
+        let trace = workloads::by_name(name, args.seed, args.ops, args.max_size);
+        traces.push(trace.ok_or_else(|| {
+            format!(
+                "unknown workload {name:?}: expected one of {}",
+                workloads::NAMES.join(", ")
+            )
+        })?);
+    }
+    if traces.is_empty() {
+        for name in workloads::NAMES {
+            traces.extend(workloads::by_name(name, args.seed, args.ops, args.max_size));
         }
-        all
-    };
+    }
     if let Some(out) = &args.write_trace {
         let [single] = traces.as_slice() else {
             return Err(format!(
