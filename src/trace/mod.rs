@@ -5,6 +5,7 @@
 //! Addresses are resolved by the readers: every allocation gets an id, and a free names the id it
 //! frees, so replay never depends on where the traced allocator put things.
 
+pub mod dump;
 pub mod native;
 pub mod pickle;
 pub mod replay;

@@ -5,8 +5,10 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::backend::{SimBackend, SimConfig};
-use crate::config::Config;
+use crate::config::{parse_alloc_conf, Config};
 use crate::error::AllocError;
+use crate::trace::dump::recorder::Recorder;
+use crate::trace::dump::SnapshotDump;
 use crate::trace::{Event, Trace};
 use crate::{Allocation, Allocator, ExpandableAllocator, StreamId};
 
@@ -61,6 +63,9 @@ pub struct ReplayOptions {
     pub timeline_points: usize,
     /// Apply the trace's recorded `PYTORCH_CUDA_ALLOC_CONF`. Default true.
     pub use_trace_settings: bool,
+    /// Record the allocator's history and final state in [`ReplayOutcome::history`], to write as
+    /// a PyTorch memory snapshot. Default false: a replay that records nothing pays nothing.
+    pub record_history: bool,
 }
 
 impl Default for ReplayOptions {
@@ -70,6 +75,7 @@ impl Default for ReplayOptions {
             replay_empty_cache: true,
             timeline_points: 1000,
             use_trace_settings: true,
+            record_history: false,
         }
     }
 }
@@ -112,6 +118,8 @@ pub struct ReplayOutcome {
     pub events_per_second: f64,
     /// Live and reserved bytes over the trace.
     pub timeline: Vec<TimelinePoint>,
+    /// The history and final state, when [`ReplayOptions::record_history`] was set.
+    pub history: Option<SnapshotDump>,
 }
 
 /// Replays `trace` through `policy` on a fresh Sim device.
@@ -129,7 +137,13 @@ pub fn replay(
         .use_trace_settings
         .then_some(trace.alloc_conf.as_deref())
         .flatten();
-    let alloc = ExpandableAllocator::new(sim, policy.config(conf))?;
+    let config = policy.config(conf);
+    let alloc = ExpandableAllocator::new(sim, config.clone())?;
+    let history = opts.record_history.then(|| {
+        // The string was applied only if it parsed (see `Policy::config`).
+        let applied = conf.filter(|c| parse_alloc_conf(c).is_ok());
+        Recorder::new(&alloc, capacity as u64, config, applied.map(str::to_string))
+    });
     let total = (trace.initial.len() + trace.events.len()) as u64;
     let stride = (total / opts.timeline_points.max(1) as u64).max(1);
     let mut run = Run {
@@ -147,6 +161,7 @@ pub fn replay(
         },
         stride,
         index: 0,
+        history,
     };
     let start = Instant::now();
     for b in &trace.initial {
@@ -168,6 +183,7 @@ pub fn replay(
         run.timeline.push(run.bucket);
     }
     let stats = alloc.stats();
+    let history = run.history.take().map(|h| h.finish(&alloc));
     let (peak_live, peak_reserved, ooms, timeline) =
         (run.peak_live, run.peak_reserved, run.ooms, run.timeline);
     Ok(ReplayOutcome {
@@ -191,12 +207,14 @@ pub fn replay(
             0.0
         },
         timeline,
+        history,
     })
 }
 
 /// The smallest capacity (a multiple of `step`) with which `trace` replays through `policy` with
 /// no OOM, found by bisection between the peak live bytes and `upper`; `None` if even `upper`
-/// is not enough. Also returns the outcome of the run at that capacity.
+/// is not enough. Also returns the outcome of the run at that capacity (without history: the
+/// bisection's runs record none).
 pub fn min_capacity(
     trace: &Trace,
     policy: Policy,
@@ -212,6 +230,7 @@ pub fn min_capacity(
             &ReplayOptions {
                 capacity,
                 timeline_points: 1,
+                record_history: false,
                 ..opts.clone()
             },
         )
@@ -250,6 +269,8 @@ struct Run<'a, A: Allocator> {
     bucket: TimelinePoint,
     stride: u64,
     index: u64,
+    /// The history, when recorded.
+    history: Option<Recorder>,
 }
 
 impl<A: Allocator> Run<'_, A> {
@@ -259,14 +280,23 @@ impl<A: Allocator> Run<'_, A> {
             Ok(a) => {
                 self.live_bytes += size as u64;
                 self.peak_live = self.peak_live.max(self.live_bytes);
+                if let Some(h) = &mut self.history {
+                    h.alloc(&a);
+                }
                 // A reused id (a reader's bug) must not leak the earlier allocation.
                 if let Some((old, old_size)) = self.live.insert(id, (a, size as u64)) {
                     self.live_bytes -= old_size;
+                    if let Some(h) = &mut self.history {
+                        h.free(&old);
+                    }
                     self.alloc.deallocate(old)?;
                 }
             }
             Err(e) if e.is_out_of_memory() || matches!(e, AllocError::TooLarge { .. }) => {
-                self.ooms += 1
+                self.ooms += 1;
+                if let Some(h) = &mut self.history {
+                    h.oom(&e, size as u64, stream, self.alloc);
+                }
             }
             Err(e) => return Err(e),
         }
@@ -278,14 +308,21 @@ impl<A: Allocator> Run<'_, A> {
         // Frees of allocations that failed are skipped, as the program would not have made them.
         if let Some((a, size)) = self.live.remove(&id) {
             self.live_bytes -= size;
+            if let Some(h) = &mut self.history {
+                h.free(&a);
+            }
             self.alloc.deallocate(a)?;
         }
         self.tick();
         Ok(())
     }
 
+    /// Ends one replayed event.
     fn tick(&mut self) {
         let s = self.alloc.stats();
+        if let Some(h) = &mut self.history {
+            h.end_step(self.alloc, &s);
+        }
         let reserved = s.reserved_bytes.all.current + s.handle_cache_bytes;
         self.peak_reserved = self.peak_reserved.max(reserved);
         self.bucket.live = self.bucket.live.max(self.live_bytes);

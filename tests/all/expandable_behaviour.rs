@@ -136,7 +136,10 @@ fn double_free_is_told_from_a_reused_address_after_many_frees() {
         let a = alloc.allocate(4096, S0).unwrap();
         let p = a.ptr();
         alloc.deallocate(a).unwrap();
-        assert!(matches!(alloc.deallocate_ptr(p), Err(AllocError::DoubleFree(_))));
+        assert!(matches!(
+            alloc.deallocate_ptr(p),
+            Err(AllocError::DoubleFree(_))
+        ));
         let b = alloc.allocate(4096, S0).unwrap();
         assert_eq!(b.ptr(), p, "best fit reuses the freed block");
         alloc.deallocate(b).unwrap();
@@ -147,7 +150,9 @@ fn double_free_is_told_from_a_reused_address_after_many_frees() {
     let old_ptr = old.ptr();
     let keep = alloc.allocate(4096, S0).unwrap();
     alloc.deallocate(old).unwrap();
-    let many: Vec<_> = (0..5000).map(|_| alloc.allocate(512, S0).unwrap()).collect();
+    let many: Vec<_> = (0..5000)
+        .map(|_| alloc.allocate(512, S0).unwrap())
+        .collect();
     for a in many {
         alloc.deallocate(a).unwrap();
     }

@@ -1,65 +1,12 @@
-//! A minimal pickle writer (protocol 2, no memo) for synthetic snapshots.
+//! Values for synthetic snapshots, pickled by the library's writer.
 
 use std::rc::Rc;
 
 use vmm_alloc::trace::pickle::Value;
 
-/// Pickles `v` with protocol 2.
+/// Pickles `v` (protocol 4, the opcodes memory_viz reads).
 pub fn dumps(v: &Value) -> Vec<u8> {
-    let mut out = vec![0x80, 2];
-    write(v, &mut out);
-    out.push(b'.');
-    out
-}
-
-fn write(v: &Value, out: &mut Vec<u8>) {
-    match v {
-        Value::None => out.push(b'N'),
-        Value::Bool(true) => out.push(0x88),
-        Value::Bool(false) => out.push(0x89),
-        Value::Int(i) => {
-            out.push(0x8a);
-            out.push(8);
-            out.extend_from_slice(&i.to_le_bytes());
-        }
-        Value::BigInt(b) => {
-            out.push(0x8a);
-            out.push(b.len() as u8);
-            out.extend_from_slice(b);
-        }
-        Value::Float(f) => {
-            out.push(b'G');
-            out.extend_from_slice(&f.to_be_bytes());
-        }
-        Value::Str(s) => {
-            out.push(b'X');
-            out.extend_from_slice(&(s.len() as u32).to_le_bytes());
-            out.extend_from_slice(s.as_bytes());
-        }
-        Value::Bytes(b) => {
-            out.push(b'B');
-            out.extend_from_slice(&(b.len() as u32).to_le_bytes());
-            out.extend_from_slice(b);
-        }
-        Value::List(items) => {
-            out.extend_from_slice(b"](");
-            items.iter().for_each(|x| write(x, out));
-            out.push(b'e');
-        }
-        Value::Tuple(items) => {
-            out.push(b'(');
-            items.iter().for_each(|x| write(x, out));
-            out.push(b't');
-        }
-        Value::Dict(pairs) => {
-            out.extend_from_slice(b"}(");
-            for (k, x) in pairs.iter() {
-                write(k, out);
-                write(x, out);
-            }
-            out.push(b'u');
-        }
-    }
+    vmm_alloc::trace::dump::pickle_writer::dumps(v).expect("test values hold no bytes")
 }
 
 /// A string value.
