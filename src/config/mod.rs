@@ -34,6 +34,10 @@ pub struct Config {
     /// stream's work is done) and map their handles where they are needed, before the last-resort
     /// "free everything and retry".
     pub remap_defrag: bool,
+    /// Before unmapping free pages, synchronize their stream only if a block was freed on it since
+    /// its last synchronization (queued work cannot touch memory freed before it was queued).
+    /// PyTorch synchronizes before every unmap.
+    pub sync_only_after_frees: bool,
     /// Devices (peers) that also get read-write access to every mapped page.
     pub peers: Vec<u32>,
     /// `roundup_power2_divisions` per interval (0 or 1 = plain 512-byte rounding).
@@ -60,6 +64,7 @@ impl Default for Config {
             handle_cache: true,
             handle_cache_limit: 0,
             remap_defrag: true,
+            sync_only_after_frees: true,
             peers: Vec::new(),
             roundup_power2_divisions: [0; ROUNDUP_INTERVALS],
             memory_fraction: 1.0,
@@ -73,12 +78,14 @@ impl Default for Config {
 impl Config {
     /// PyTorch's expandable-segments policy, for side-by-side measurement: 2 MiB small pages,
     /// 20 MiB large pages, no handle reuse (every unmap releases, every map creates), no remap
-    /// (under pressure unmap every free page, then retry), VA = 1.125 × device memory, and the
+    /// (under pressure unmap every free page, then retry), a stream synchronization before every
+    /// unmap, VA = 1.125 × device memory, and the
     /// oversize rules of `max_split_size` applied to expandable blocks.
     pub fn pytorch_expandable() -> Self {
         Self {
             handle_cache: false,
             remap_defrag: false,
+            sync_only_after_frees: false,
             faithful_oversize: true,
             ..Self::default()
         }

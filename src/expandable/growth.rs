@@ -10,8 +10,7 @@
 //! before (pytorch#188008 terminates the process there).
 //!
 //! Note [Remap]: when `create` reports out-of-memory, a fully-free chunk of any segment (any
-//! stream, after that stream's queued work is done: we synchronize it, as PyTorch does before every
-//! unmap) is unmapped and its handle mapped where the growth needs it. Live blocks never move, so
+//! stream, after that stream's queued work is done: Note [Syncs] in `state.rs`) is unmapped and its handle mapped where the growth needs it. Live blocks never move, so
 //! every address handed out stays valid; waste is bounded by partially used pages, not by where
 //! live blocks happen to sit.
 
@@ -242,12 +241,7 @@ impl<B: Backend> State<B> {
         let Some((seg, at, chunk)) = best else {
             return Ok(false);
         };
-        let stream = self.segments[&seg].stream;
-        track(
-            &mut self.stats,
-            CallKind::Synchronize,
-            self.backend.synchronize(stream),
-        )?;
+        self.sync_before_unmap(self.segments[&seg].stream)?;
         self.unmap_chunk(seg, at, chunk)?;
         self.stats.remapped_bytes += chunk.len as u64;
         self.cache.put(chunk.handle, chunk.len);

@@ -64,6 +64,9 @@ pub(crate) struct State<B: Backend> {
     pub(crate) cache: HandleCache,
     pub(crate) stats: MemoryStats,
     recent_frees: RecentFrees,
+    /// Streams on which a block was freed since the stream was last synchronized: only their free
+    /// pages may still be touched by queued work (Note [Syncs]).
+    unsynced_frees: BTreeSet<StreamId>,
 }
 
 impl<B: Backend> State<B> {
@@ -94,6 +97,7 @@ impl<B: Backend> State<B> {
             cache: HandleCache::default(),
             stats,
             recent_frees: RecentFrees::new(RECENT_FREES),
+            unsynced_frees: BTreeSet::new(),
         })
     }
 
@@ -330,12 +334,36 @@ impl<B: Backend> State<B> {
     }
 
     fn free_block(&mut self, addr: u64, block: &Block) {
+        if let Some(seg) = self.segments.get(&block.seg) {
+            self.unsynced_frees.insert(seg.stream);
+        }
         self.add_free(block.seg, addr, block.size);
         let s = &mut self.stats;
         s.active.decrease(block.pool, 1);
         s.active_bytes.decrease(block.pool, block.size as u64);
         s.requested_bytes
             .decrease(block.pool, block.requested as u64);
+    }
+
+    /// Waits for `stream`'s queued work before its free pages are unmapped (Note [Syncs]).
+    ///
+    /// Note [Syncs]: unmapping does not wait for the GPU, so a page freed on a stream whose
+    /// kernels may still run must not be unmapped before the stream is synchronized; PyTorch
+    /// synchronizes before every unmap. Work queued after a block was freed cannot legally touch
+    /// it, so once a stream was synchronized after its latest free, every page free on it is
+    /// quiet: with `sync_only_after_frees` we skip the call then. Under memory pressure that
+    /// turns one synchronization per harvested page into one per stream per burst of frees.
+    pub(crate) fn sync_before_unmap(&mut self, stream: StreamId) -> Result<(), BackendError> {
+        if self.config.sync_only_after_frees && !self.unsynced_frees.contains(&stream) {
+            return Ok(());
+        }
+        track(
+            &mut self.stats,
+            CallKind::Synchronize,
+            self.backend.synchronize(stream),
+        )?;
+        self.unsynced_frees.remove(&stream);
+        Ok(())
     }
 
     pub(crate) fn record_stream(
@@ -371,6 +399,7 @@ impl<B: Backend> State<B> {
                     CallKind::Synchronize,
                     self.backend.synchronize(s),
                 )?;
+                self.unsynced_frees.remove(&s);
             }
         }
         let mut i = 0;
@@ -420,12 +449,7 @@ impl<B: Backend> State<B> {
             if chunks.is_empty() {
                 continue;
             }
-            let stream = self.segments[&seg].stream;
-            track(
-                &mut self.stats,
-                CallKind::Synchronize,
-                self.backend.synchronize(stream),
-            )?;
+            self.sync_before_unmap(self.segments[&seg].stream)?;
             for (at, chunk) in chunks {
                 self.unmap_chunk(seg, at, chunk)?;
                 if self.config.handle_cache {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use crate::backend::{SimBackend, SimConfig};
+use crate::backend::{CallCounts, SimBackend, SimConfig};
 use crate::config::{parse_alloc_conf, Config};
 use crate::error::AllocError;
 use crate::trace::dump::recorder::Recorder;
@@ -108,6 +108,8 @@ pub struct ReplayOutcome {
     pub ooms: u64,
     /// Backend calls the allocator made, all kinds.
     pub driver_calls: u64,
+    /// The same by kind (`cuMemCreate`, `cuMemMap`, `cuStreamSynchronize`, ...).
+    pub calls: CallCounts,
     /// Bytes of physical handles created (PyTorch's policy re-creates under pressure).
     pub bytes_created: u64,
     /// Events replayed (initial blocks included).
@@ -122,11 +124,25 @@ pub struct ReplayOutcome {
     pub history: Option<SnapshotDump>,
 }
 
+/// How many events pass between two calls of a replay's progress callback.
+pub const PROGRESS_EVERY: u64 = 1 << 16;
+
 /// Replays `trace` through `policy` on a fresh Sim device.
 pub fn replay(
     trace: &Trace,
     policy: Policy,
     opts: &ReplayOptions,
+) -> Result<ReplayOutcome, AllocError> {
+    replay_with_progress(trace, policy, opts, &mut |_| {})
+}
+
+/// [`replay`], calling `progress` with the number of events replayed so far every
+/// [`PROGRESS_EVERY`] events and once at the end (for a progress bar).
+pub fn replay_with_progress(
+    trace: &Trace,
+    policy: Policy,
+    opts: &ReplayOptions,
+    progress: &mut dyn FnMut(u64),
 ) -> Result<ReplayOutcome, AllocError> {
     let capacity = opts.capacity.next_multiple_of(2 << 20);
     let sim = SimBackend::with_config(SimConfig {
@@ -167,7 +183,10 @@ pub fn replay(
     for b in &trace.initial {
         run.alloc(b.id, b.size, b.stream)?;
     }
-    for e in &trace.events {
+    for (i, e) in trace.events.iter().enumerate() {
+        if i as u64 % PROGRESS_EVERY == PROGRESS_EVERY - 1 {
+            progress(trace.initial.len() as u64 + i as u64);
+        }
         match *e {
             Event::Alloc { id, size, stream } => run.alloc(id, size, stream)?,
             Event::Free { id } => run.free(id)?,
@@ -179,6 +198,7 @@ pub fn replay(
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    progress(total);
     if run.bucket.event > 0 || run.timeline.is_empty() {
         run.timeline.push(run.bucket);
     }
@@ -198,6 +218,7 @@ pub fn replay(
         },
         ooms,
         driver_calls: stats.calls.total(),
+        calls: stats.calls,
         bytes_created: stats.bytes_created,
         events: total,
         seconds,

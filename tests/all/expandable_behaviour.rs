@@ -163,6 +163,60 @@ fn double_free_is_told_from_a_reused_address_after_many_frees() {
 }
 
 #[test]
+fn remap_synchronizes_a_stream_only_after_a_free_on_it() {
+    let alloc = ExpandableAllocator::new(sim(100 * MB), Config::default()).unwrap();
+    let other = StreamId::sim(9);
+    let syncs = || alloc.stats().calls.calls(CallKind::Synchronize);
+    // Five 20 MiB pages on the default stream fill the device.
+    let mut blocks: Vec<_> = (0..5)
+        .map(|_| alloc.allocate(20 * MB, S0).unwrap())
+        .collect();
+    let (first, second, third) = (blocks.remove(0), blocks.remove(0), blocks.remove(0));
+    alloc.deallocate(first).unwrap();
+    alloc.deallocate(second).unwrap();
+    // Growing on another stream harvests a free page of S0: S0's queued work may still use it,
+    // so S0 is synchronized first.
+    let a = alloc.allocate(20 * MB, other).unwrap();
+    assert_eq!(syncs(), 1);
+    // Nothing was freed on S0 since: its other free page is quiet, no second synchronization.
+    let b = alloc.allocate(20 * MB, other).unwrap();
+    assert_eq!(syncs(), 1);
+    // A new free on S0: the next harvest must wait for S0 again.
+    alloc.deallocate(third).unwrap();
+    let c = alloc.allocate(20 * MB, other).unwrap();
+    assert_eq!(syncs(), 2);
+    assert_eq!(alloc.stats().remapped_bytes, 60 * MB as u64);
+    assert_eq!(
+        alloc.stats().bytes_created,
+        100 * MB as u64,
+        "no handle created twice"
+    );
+    for x in [a, b, c].into_iter().chain(blocks) {
+        alloc.deallocate(x).unwrap();
+    }
+    alloc.check_invariants().unwrap();
+
+    // PyTorch's policy synchronizes before every unmap, quiet or not.
+    let faithful = Config {
+        remap_defrag: true,
+        handle_cache: true,
+        ..Config::pytorch_expandable()
+    };
+    let alloc = ExpandableAllocator::new(sim(100 * MB), faithful).unwrap();
+    let mut blocks: Vec<_> = (0..5)
+        .map(|_| alloc.allocate(20 * MB, S0).unwrap())
+        .collect();
+    alloc.deallocate(blocks.remove(0)).unwrap();
+    alloc.deallocate(blocks.remove(0)).unwrap();
+    let a = alloc.allocate(20 * MB, other).unwrap();
+    let b = alloc.allocate(20 * MB, other).unwrap();
+    assert_eq!(alloc.stats().calls.calls(CallKind::Synchronize), 2);
+    for x in [a, b].into_iter().chain(blocks) {
+        alloc.deallocate(x).unwrap();
+    }
+}
+
+#[test]
 fn record_stream_blocks_reuse_until_the_event_completes() {
     let backend = sim(1 << 30);
     let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();

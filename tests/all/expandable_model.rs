@@ -325,8 +325,17 @@ fn check_step<B: Harness>(
     Ok(())
 }
 
+/// 64 cases in `cargo test` (CI's budget); `PROPTEST_CASES` overrides it. (A literal `cases:` in
+/// the config would silently shadow the environment variable.)
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Sim, with capacities from tight (OOM, remap-defrag, handle reuse) to roomy.
     #[test]

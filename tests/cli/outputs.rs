@@ -178,3 +178,65 @@ fn a_written_trace_replays_to_the_same_figures() {
     }
     assert_eq!(first["traces"][0]["events"], second["traces"][0]["events"]);
 }
+
+#[test]
+fn a_dumped_snapshot_replays_from_empty_to_the_same_peak() {
+    let log = file("dump", "small.csv", &small_log());
+    let dump = log.with_file_name("small-dump.pickle");
+    let first = replay_json(&[
+        "--dump-snapshot",
+        dump.to_str().unwrap(),
+        log.to_str().unwrap(),
+    ]);
+    let bytes = std::fs::read(&dump).expect("the snapshot was written");
+    assert_eq!(
+        &bytes[..2],
+        b"\x80\x04",
+        "pickle protocol 4, as memory_viz reads"
+    );
+    // The dump is a PyTorch snapshot of our allocator: replayed, it starts empty, needs the same
+    // live bytes, and records what our allocator mapped as the traced program's reserved memory.
+    let second = replay_json(&[dump.to_str().unwrap()]);
+    let trace = &second["traces"][0];
+    assert_eq!(trace["start_state"], "empty");
+    let ours = allocator(&first, 0, "expandable");
+    assert_eq!(
+        allocator(&second, 0, "expandable")["peak_live_bytes"],
+        ours["peak_live_bytes"]
+    );
+    assert_eq!(
+        trace["recorded_peak_reserved_bytes"],
+        ours["peak_reserved_bytes"]
+    );
+    // Asking for an allocator that is not replayed is an error.
+    let o = vmm_replay(&[
+        "--allocators",
+        "expandable",
+        "--dump-allocator",
+        "pytorch-expandable",
+        "--dump-snapshot",
+        dump.to_str().unwrap(),
+        log.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("not among --allocators"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn driver_calls_are_reported_by_kind() {
+    let log = file("kinds", "small.csv", &small_log());
+    let report = replay_json(&[log.to_str().unwrap()]);
+    for name in ["pytorch-expandable", "expandable"] {
+        let a = allocator(&report, 0, name);
+        let kinds = a["driver_calls_by_kind"].as_object().expect("an object");
+        let sum: u64 = kinds.values().map(|v| v.as_u64().unwrap()).sum();
+        assert_eq!(sum, a["driver_calls"].as_u64().unwrap(), "{name}");
+        // Two pages (a 20 MiB large one, a 2 MiB small one): two creates, two maps.
+        assert_eq!(kinds["cuMemCreate"], 2, "{name}: {kinds:?}");
+        assert_eq!(kinds["cuMemMap"], 2, "{name}: {kinds:?}");
+    }
+}

@@ -56,6 +56,15 @@ pub struct Args {
     /// Ignore the traced program's recorded PYTORCH_CUDA_ALLOC_CONF.
     #[arg(long)]
     pub ignore_trace_settings: bool,
+    /// Write the replay through one allocator (see --dump-allocator) as a PyTorch memory
+    /// snapshot that pytorch.org/memory_viz opens: its history and final state. With several
+    /// traces, one file each: NAME-TRACE.pickle.
+    #[arg(long, value_name = "FILE.pickle")]
+    pub dump_snapshot: Option<PathBuf>,
+    /// The allocator whose replay --dump-snapshot writes (default: expandable, else the first
+    /// of --allocators).
+    #[arg(long, value_name = "NAME")]
+    pub dump_allocator: Option<String>,
     /// Write the trace read (exactly one) in vmm-alloc's compact format to this file, then
     /// replay it as usual.
     #[arg(long, value_name = "FILE")]

@@ -8,11 +8,14 @@ mod plot;
 mod report;
 
 use std::io::IsTerminal;
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use vmm_alloc::trace::replay::{min_capacity, replay, Policy, ReplayOptions};
+use vmm_alloc::trace::replay::{
+    min_capacity, replay_with_progress, Policy, ReplayOptions, ReplayOutcome,
+};
 use vmm_alloc::trace::{native, workloads, Trace};
 
 use args::Args;
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
 
 fn run(args: &Args) -> Result<(), String> {
     let policies = policies(&args.allocators)?;
+    let dumped = dumped_policy(args, &policies)?;
     let capacity = usize::try_from(args.capacity)
         .map_err(|_| "--capacity does not fit this machine's address size".to_string())?;
     if let Some(path) = &args.plot {
@@ -46,7 +50,9 @@ fn run(args: &Args) -> Result<(), String> {
         use_trace_settings: !args.ignore_trace_settings,
         ..ReplayOptions::default()
     };
-    let bar = progress((traces.len() * policies.len()) as u64);
+    let several = traces.len() > 1;
+    let total: u64 = traces.iter().map(events).sum::<u64>() * policies.len() as u64;
+    let bar = progress(total);
     let mut reports = Vec::new();
     for trace in traces {
         let mut outcomes = Vec::new();
@@ -59,8 +65,23 @@ fn run(args: &Args) -> Result<(), String> {
                     policy.name()
                 )
             };
-            let outcome = replay(&trace, policy, &opts).map_err(|e| failed(&e))?;
+            let opts = ReplayOptions {
+                record_history: dumped == Some(policy),
+                ..opts.clone()
+            };
+            let base = bar.position();
+            let mut outcome = replay_with_progress(&trace, policy, &opts, &mut |done| {
+                bar.set_position(base + done)
+            })
+            .map_err(|e| failed(&e))?;
+            if let (Some(path), Some(history)) = (&args.dump_snapshot, outcome.history.take()) {
+                let path = with_trace_name(path, &trace.name, several);
+                let bytes = history.to_pickle().map_err(|e| failed(&e))?;
+                std::fs::write(&path, bytes)
+                    .map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
+            }
             let at_min = if args.min_capacity {
+                bar.set_message(format!("{} / {}: min capacity", trace.name, policy.name()));
                 let upper = (outcome.peak_reserved_bytes as usize).max(capacity);
                 Some(
                     min_capacity(&trace, policy, &opts, upper, CAPACITY_STEP)
@@ -70,16 +91,15 @@ fn run(args: &Args) -> Result<(), String> {
                 None
             };
             outcomes.push(AllocatorReport { outcome, at_min });
-            bar.inc(1);
         }
         reports.push(TraceReport { trace, outcomes });
     }
     bar.finish_and_clear();
     if let Some(path) = &args.plot {
         for r in &reports {
-            let outcomes: Vec<_> = r.outcomes.iter().map(|a| &a.outcome).collect();
+            let outcomes: Vec<&ReplayOutcome> = r.outcomes.iter().map(|a| &a.outcome).collect();
             plot::draw(
-                &plot::path_for(path, &r.trace.name, reports.len() > 1),
+                &with_trace_name(path, &r.trace.name, several),
                 &r.trace.name,
                 &outcomes,
             )?;
@@ -95,19 +115,63 @@ fn run(args: &Args) -> Result<(), String> {
     Ok(())
 }
 
+fn events(t: &Trace) -> u64 {
+    (t.initial.len() + t.events.len()) as u64
+}
+
 fn policies(names: &[String]) -> Result<Vec<Policy>, String> {
-    names
-        .iter()
-        .map(|n| {
-            Policy::from_name(n.trim()).ok_or_else(|| {
-                let known: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
-                format!(
-                    "unknown allocator {n:?}: expected one of {}",
-                    known.join(", ")
-                )
-            })
+    names.iter().map(|n| policy(n)).collect()
+}
+
+fn policy(name: &str) -> Result<Policy, String> {
+    Policy::from_name(name.trim()).ok_or_else(|| {
+        let known: Vec<&str> = Policy::ALL.iter().map(|p| p.name()).collect();
+        format!(
+            "unknown allocator {name:?}: expected one of {}",
+            known.join(", ")
+        )
+    })
+}
+
+/// The policy whose replay `--dump-snapshot` writes, if any.
+fn dumped_policy(args: &Args, policies: &[Policy]) -> Result<Option<Policy>, String> {
+    if args.dump_snapshot.is_none() {
+        return Ok(None);
+    }
+    let chosen = match &args.dump_allocator {
+        Some(name) => policy(name)?,
+        None if policies.contains(&Policy::Expandable) => Policy::Expandable,
+        None => policies[0],
+    };
+    if !policies.contains(&chosen) {
+        return Err(format!(
+            "--dump-allocator {} is not among --allocators",
+            chosen.name()
+        ));
+    }
+    Ok(Some(chosen))
+}
+
+/// `path` itself for a single trace, else `path` with the trace's name before the extension.
+fn with_trace_name(path: &Path, name: &str, several: bool) -> std::path::PathBuf {
+    if !several {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("out");
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
         })
-        .collect()
+        .collect();
+    match path.extension().and_then(|s| s.to_str()) {
+        Some(ext) => path.with_file_name(format!("{stem}-{safe}.{ext}")),
+        None => path.with_file_name(format!("{stem}-{safe}")),
+    }
 }
 
 fn read_traces(args: &Args) -> Result<Vec<Trace>, String> {
@@ -141,13 +205,15 @@ fn read_traces(args: &Args) -> Result<Vec<Trace>, String> {
     Ok(traces)
 }
 
-/// A bar on stderr counting replays, only when a person is watching.
+/// A bar on stderr counting replayed events, only when a person is watching.
 fn progress(total: u64) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} replays {msg}") {
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:30} {human_pos}/{human_len} events {elapsed} {msg}")
+    {
         bar.set_style(style);
     }
     bar

@@ -1,6 +1,6 @@
 //! `--plot`: live and reserved bytes over a trace, one line per allocator, as SVG or PNG.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use plotters::prelude::*;
 use vmm_alloc::trace::replay::ReplayOutcome;
@@ -8,27 +8,6 @@ use vmm_alloc::trace::replay::ReplayOutcome;
 const GIB: f64 = (1u64 << 30) as f64;
 const WIDTH: u32 = 1100;
 const HEIGHT: u32 = 550;
-
-/// Where the plot of trace `name` goes: `path` itself for a single trace, else `path` with the
-/// trace's name before the extension.
-pub fn path_for(path: &Path, name: &str, several: bool) -> PathBuf {
-    if !several {
-        return path.to_path_buf();
-    }
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("plot");
-    let ext = path.extension().and_then(|s| s.to_str()).unwrap_or("svg");
-    let safe: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    path.with_file_name(format!("{stem}-{safe}.{ext}"))
-}
 
 /// Checks the plot's file name before any work is done.
 pub fn check_path(path: &Path) -> Result<(), String> {

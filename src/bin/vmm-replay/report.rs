@@ -1,6 +1,7 @@
 //! The comparison: a table for people, JSON for machines (field names are stable: see the README).
 
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
+use vmm_alloc::backend::CallKind;
 use vmm_alloc::trace::replay::ReplayOutcome;
 use vmm_alloc::trace::Trace;
 use vmm_alloc::units::human_bytes;
@@ -36,12 +37,12 @@ pub fn table(reports: &[TraceReport]) -> String {
         .flat_map(|r| &r.outcomes)
         .any(|a| a.at_min.is_some());
     let mut out = String::from(
-        "| trace | start | events | allocator | peak live | peak reserved | utilization | OOMs | driver calls | created | Mevents/s | recorded reserved |",
+        "| trace | start | events | allocator | peak live | peak reserved | utilization | OOMs | driver calls | syncs | created | Mevents/s | recorded reserved |",
     );
-    let mut rule = String::from("|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|");
+    let mut rule = String::from("|---|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     if with_min {
-        out.push_str(" min capacity | calls at min | created at min |");
-        rule.push_str("--:|--:|--:|");
+        out.push_str(" min capacity | calls at min | syncs at min | created at min |");
+        rule.push_str("--:|--:|--:|--:|");
     }
     out.push('\n');
     out.push_str(&rule);
@@ -54,7 +55,7 @@ pub fn table(reports: &[TraceReport]) -> String {
         for a in &r.outcomes {
             let o = &a.outcome;
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {:.2} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {:.2} | {} |",
                 r.trace.name,
                 start(&r.trace),
                 o.events,
@@ -64,17 +65,19 @@ pub fn table(reports: &[TraceReport]) -> String {
                 o.utilization,
                 o.ooms,
                 o.driver_calls,
+                syncs(o),
                 human_bytes(o.bytes_created),
                 o.events_per_second / 1e6,
                 recorded
             ));
             match &a.at_min {
                 None => {}
-                Some(None) => out.push_str(" over capacity | - | - |"),
+                Some(None) => out.push_str(" over capacity | - | - | - |"),
                 Some(Some((c, at))) => out.push_str(&format!(
-                    " {} | {} | {} |",
+                    " {} | {} | {} | {} |",
                     human_bytes(*c as u64),
                     at.driver_calls,
+                    syncs(at),
                     human_bytes(at.bytes_created)
                 )),
             }
@@ -86,6 +89,11 @@ pub fn table(reports: &[TraceReport]) -> String {
         out.push_str(&summary(reports));
     }
     out
+}
+
+/// Stream synchronizations: on a GPU each one stalls the pipeline.
+fn syncs(o: &ReplayOutcome) -> u64 {
+    o.calls.calls(CallKind::Synchronize)
 }
 
 /// One line per allocator: sums over every trace.
@@ -101,6 +109,7 @@ fn summary(reports: &[TraceReport]) -> String {
             .flat_map(|r| &r.outcomes)
             .filter(|a| a.outcome.allocator == name);
         let (mut live, mut reserved, mut created, mut ooms, mut calls) = (0, 0, 0, 0, 0);
+        let (mut events, mut seconds) = (0, 0.0);
         let (mut min_sum, mut min_known) = (0u64, 0usize);
         for a in runs {
             live += a.outcome.peak_live_bytes;
@@ -108,6 +117,8 @@ fn summary(reports: &[TraceReport]) -> String {
             created += a.outcome.bytes_created;
             ooms += a.outcome.ooms;
             calls += a.outcome.driver_calls;
+            events += a.outcome.events;
+            seconds += a.outcome.seconds;
             if let Some(Some((c, _))) = &a.at_min {
                 min_sum += *c as u64;
                 min_known += 1;
@@ -118,8 +129,13 @@ fn summary(reports: &[TraceReport]) -> String {
         } else {
             live as f64 / reserved as f64
         };
+        let rate = if seconds > 0.0 {
+            events as f64 / seconds / 1e6
+        } else {
+            0.0
+        };
         out.push_str(&format!(
-            "{name}: {} traces, peak reserved {} for peak live {} (utilization {utilization:.3}), {calls} driver calls, {} created, {ooms} OOMs",
+            "{name}: {} traces, peak reserved {} for peak live {} (utilization {utilization:.3}), {calls} driver calls, {} created, {ooms} OOMs, {events} events at {rate:.2} Mevents/s",
             reports.len(),
             human_bytes(reserved),
             human_bytes(live),
@@ -145,11 +161,24 @@ fn outcome_json(o: &ReplayOutcome) -> Value {
         "utilization": o.utilization,
         "ooms": o.ooms,
         "driver_calls": o.driver_calls,
+        "driver_calls_by_kind": by_kind(o),
         "bytes_created": o.bytes_created,
         "events": o.events,
         "seconds": o.seconds,
         "events_per_second": o.events_per_second,
     })
+}
+
+/// Calls of each kind made at least once, by driver function name.
+fn by_kind(o: &ReplayOutcome) -> Value {
+    let mut m = Map::new();
+    for kind in CallKind::ALL {
+        let n = o.calls.calls(kind);
+        if n > 0 {
+            m.insert(kind.driver_name().to_string(), json!(n));
+        }
+    }
+    Value::Object(m)
 }
 
 /// The same, as JSON.
