@@ -111,6 +111,7 @@ fn summary(reports: &[TraceReport]) -> String {
         let (mut live, mut reserved, mut created, mut ooms, mut calls) = (0, 0, 0, 0, 0);
         let (mut events, mut seconds) = (0, 0.0);
         let (mut min_sum, mut min_known) = (0u64, 0usize);
+        let (mut min_calls, mut min_syncs, mut min_created) = (0, 0, 0);
         for a in runs {
             live += a.outcome.peak_live_bytes;
             reserved += a.outcome.peak_reserved_bytes;
@@ -119,9 +120,12 @@ fn summary(reports: &[TraceReport]) -> String {
             calls += a.outcome.driver_calls;
             events += a.outcome.events;
             seconds += a.outcome.seconds;
-            if let Some(Some((c, _))) = &a.at_min {
+            if let Some(Some((c, at))) = &a.at_min {
                 min_sum += *c as u64;
                 min_known += 1;
+                min_calls += at.driver_calls;
+                min_syncs += syncs(at);
+                min_created += at.bytes_created;
             }
         }
         let utilization = if reserved == 0 {
@@ -143,8 +147,9 @@ fn summary(reports: &[TraceReport]) -> String {
         ));
         if min_known > 0 {
             out.push_str(&format!(
-                ", min capacity {} over {min_known} traces",
-                human_bytes(min_sum)
+                "; min capacity {} over {min_known} traces, where it made {min_calls} driver calls, {min_syncs} syncs and created {}",
+                human_bytes(min_sum),
+                human_bytes(min_created)
             ));
         }
         out.push('\n');
