@@ -240,3 +240,35 @@ fn driver_calls_are_reported_by_kind() {
         assert_eq!(kinds["cuMemMap"], 2, "{name}: {kinds:?}");
     }
 }
+
+#[test]
+fn requires_shared_traces_every_file_replays() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/pytorch");
+    let mut files: Vec<PathBuf> = Vec::new();
+    for d in [dir.clone(), dir.join("state-only")] {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            eprintln!("SKIPPED: {} not found", d.display());
+            return;
+        };
+        files.extend(
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "pickle")),
+        );
+    }
+    files.sort();
+    let args: Vec<&str> = files.iter().map(|f| f.to_str().unwrap()).collect();
+    let report = replay_json(&args);
+    let traces = report["traces"].as_array().unwrap();
+    // One row per file, and one per device of the two-GPU state-only snapshot.
+    assert_eq!(traces.len(), files.len() + 1, "{files:?}");
+    for t in traces {
+        for a in t["allocators"].as_array().unwrap() {
+            assert_eq!(a["ooms"], 0, "{}: fits on 80 GiB", t["trace"]);
+            let (live, reserved) = (
+                a["peak_live_bytes"].as_u64(),
+                a["peak_reserved_bytes"].as_u64(),
+            );
+            assert!(live > Some(0) && reserved >= live, "{t}");
+        }
+    }
+}
