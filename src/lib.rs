@@ -33,6 +33,7 @@ pub use backend::{Backend, HostBackend, SimBackend};
 pub use error::{BackendError, BackendErrorKind};
 pub use units::{DevAddr, VaRange};
 pub mod allocator;
+pub mod classic;
 pub mod config;
 pub mod expandable;
 pub mod snapshot;
@@ -41,6 +42,7 @@ pub mod trace;
 
 pub use allocator::{Allocation, Allocator};
 pub use backend::StreamId;
+pub use classic::ClassicAllocator;
 pub use error::{AllocError, OomReport};
 pub use expandable::ExpandableAllocator;
 pub use stats::MemoryStats;

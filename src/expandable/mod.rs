@@ -15,6 +15,8 @@ mod recent_frees;
 mod segment;
 mod snapshot;
 mod state;
+// The classic allocator counts its backend calls the same way.
+pub(crate) use state::track;
 
 use parking_lot::Mutex;
 

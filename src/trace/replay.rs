@@ -5,16 +5,19 @@ use std::collections::HashMap;
 use std::time::Instant;
 
 use crate::backend::{CallCounts, SimBackend, SimConfig};
-use crate::config::{parse_alloc_conf, Config};
+use crate::config::{parse_alloc_conf, AllocConf, Config};
 use crate::error::AllocError;
 use crate::trace::dump::recorder::Recorder;
 use crate::trace::dump::SnapshotDump;
 use crate::trace::{Event, Trace};
-use crate::{Allocation, Allocator, ExpandableAllocator, StreamId};
+use crate::{Allocation, Allocator, ClassicAllocator, ExpandableAllocator, StreamId};
 
 /// An allocator policy the replay tool compares.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Policy {
+    /// PyTorch's classic caching allocator ([`ClassicAllocator`]), configured by the trace's
+    /// `PYTORCH_CUDA_ALLOC_CONF`.
+    Classic,
     /// PyTorch's expandable segments, faithfully ([`Config::pytorch_expandable`]).
     PytorchExpandable,
     /// Ours, with its defaults ([`Config::default`]).
@@ -23,11 +26,19 @@ pub enum Policy {
 
 impl Policy {
     /// Every policy, in the order reports list them.
-    pub const ALL: [Policy; 2] = [Policy::PytorchExpandable, Policy::Expandable];
+    pub const ALL: [Policy; 3] = [
+        Policy::Classic,
+        Policy::PytorchExpandable,
+        Policy::Expandable,
+    ];
+
+    /// The expandable-segments policies: PyTorch's and ours.
+    pub const EXPANDABLE: [Policy; 2] = [Policy::PytorchExpandable, Policy::Expandable];
 
     /// The name reports use.
     pub fn name(self) -> &'static str {
         match self {
+            Policy::Classic => "classic",
             Policy::PytorchExpandable => "pytorch-expandable",
             Policy::Expandable => "expandable",
         }
@@ -40,15 +51,27 @@ impl Policy {
 
     /// The configuration: the policy's, with the traced program's `PYTORCH_CUDA_ALLOC_CONF`
     /// applied when it parses (rounding, memory fraction, `max_split_size`).
+    /// For [`Policy::Classic`] this is the faithful expandable configuration; the classic
+    /// allocator takes [`Policy::alloc_conf`] instead.
     pub fn config(self, alloc_conf: Option<&str>) -> Config {
         let base = match self {
-            Policy::PytorchExpandable => Config::pytorch_expandable(),
+            Policy::Classic | Policy::PytorchExpandable => Config::pytorch_expandable(),
             Policy::Expandable => Config::default(),
         };
         match alloc_conf {
             Some(conf) => base.clone().with_alloc_conf(conf).unwrap_or(base),
             None => base,
         }
+    }
+}
+
+impl Policy {
+    /// The classic allocator's configuration: the traced program's `PYTORCH_CUDA_ALLOC_CONF` when
+    /// it parses, else PyTorch's defaults.
+    pub fn alloc_conf(alloc_conf: Option<&str>) -> AllocConf {
+        alloc_conf
+            .and_then(|c| parse_alloc_conf(c).ok())
+            .unwrap_or_default()
     }
 }
 
@@ -154,16 +177,34 @@ pub fn replay_with_progress(
         .then_some(trace.alloc_conf.as_deref())
         .flatten();
     let config = policy.config(conf);
+    if policy == Policy::Classic {
+        let alloc = ClassicAllocator::new(sim, Policy::alloc_conf(conf))?;
+        // Dumping a classic replay as a snapshot is not supported yet: no history.
+        return drive(trace, policy, opts, capacity, &alloc, None, progress);
+    }
     let alloc = ExpandableAllocator::new(sim, config.clone())?;
     let history = opts.record_history.then(|| {
         // The string was applied only if it parsed (see `Policy::config`).
         let applied = conf.filter(|c| parse_alloc_conf(c).is_ok());
         Recorder::new(&alloc, capacity as u64, config, applied.map(str::to_string))
     });
+    drive(trace, policy, opts, capacity, &alloc, history, progress)
+}
+
+/// Replays `trace` through `alloc` and measures it.
+fn drive<A: Allocator>(
+    trace: &Trace,
+    policy: Policy,
+    opts: &ReplayOptions,
+    capacity: usize,
+    alloc: &A,
+    history: Option<Recorder>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ReplayOutcome, AllocError> {
     let total = (trace.initial.len() + trace.events.len()) as u64;
     let stride = (total / opts.timeline_points.max(1) as u64).max(1);
     let mut run = Run {
-        alloc: &alloc,
+        alloc,
         live: HashMap::new(),
         live_bytes: 0,
         peak_live: 0,
@@ -203,7 +244,7 @@ pub fn replay_with_progress(
         run.timeline.push(run.bucket);
     }
     let stats = alloc.stats();
-    let history = run.history.take().map(|h| h.finish(&alloc));
+    let history = run.history.take().map(|h| h.finish(alloc));
     let (peak_live, peak_reserved, ooms, timeline) =
         (run.peak_live, run.peak_reserved, run.ooms, run.timeline);
     Ok(ReplayOutcome {

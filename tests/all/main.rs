@@ -1,5 +1,6 @@
 //! The allocator tests: one integration binary (faster to link than one per file).
 
+mod classic_behaviour;
 mod expandable_behaviour;
 mod expandable_model;
 mod pytorch_parity;

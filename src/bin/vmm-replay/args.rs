@@ -43,7 +43,8 @@ pub struct Args {
     /// traces, one file each: NAME-TRACE.svg.
     #[arg(long, value_name = "FILE")]
     pub plot: Option<PathBuf>,
-    /// Allocators to compare, comma-separated.
+    /// Allocators to compare, comma-separated: classic (PyTorch's caching allocator),
+    /// pytorch-expandable (PyTorch's expandable segments), expandable (ours).
     #[arg(
         long,
         value_delimiter = ',',

@@ -141,8 +141,12 @@ fn dumped_policy(args: &Args, policies: &[Policy]) -> Result<Option<Policy>, Str
     let chosen = match &args.dump_allocator {
         Some(name) => policy(name)?,
         None if policies.contains(&Policy::Expandable) => Policy::Expandable,
+        None if policies.contains(&Policy::PytorchExpandable) => Policy::PytorchExpandable,
         None => policies[0],
     };
+    if chosen == Policy::Classic {
+        return Err("--dump-snapshot of the classic allocator is not supported yet: dump pytorch-expandable or expandable".into());
+    }
     if !policies.contains(&chosen) {
         return Err(format!(
             "--dump-allocator {} is not among --allocators",

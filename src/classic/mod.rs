@@ -1,0 +1,182 @@
+//! `ClassicAllocator`: a faithful port of PyTorch's native CUDA caching allocator
+//! (`DeviceCachingAllocator`, expandable segments off), the baseline users run today.
+//!
+//! A *segment* is one device allocation (`cudaMalloc`): 2 MiB for small requests (≤ 1 MiB),
+//! 20 MiB (`large_segment_size`) for requests below 10 MiB, else the request rounded to 2 MiB.
+//! Free blocks are found best-fit by (stream, size, address), split when enough is left
+//! (`should_split`), and merged only with free neighbours of the same segment, so memory freed in
+//! one segment never serves a request larger than the segment's largest free run: that is the
+//! fragmentation expandable segments remove. `max_split_size`, `roundup_power2_divisions`,
+//! `garbage_collection_threshold` and `per_process_memory_fraction` act as in PyTorch; on a failed
+//! `cudaMalloc` it frees oversize blocks, then every free segment, and retries, as upstream
+//! (reference `pytorch-allocator.md` §1).
+
+mod blocks;
+mod device;
+mod release;
+mod state;
+
+use parking_lot::Mutex;
+
+use crate::allocator::{Allocation, Allocator};
+use crate::backend::{Backend, StreamId};
+use crate::config::{parse_alloc_conf, AllocConf};
+use crate::error::AllocError;
+use crate::snapshot::{BlockInfo, BlockState, SegmentInfo, Snapshot};
+use crate::stats::MemoryStats;
+use crate::units::DevAddr;
+
+use state::State;
+
+/// PyTorch's classic caching allocator: see the [module docs](self).
+///
+/// ```
+/// use vmm_alloc::{Allocator, SimBackend, StreamId};
+/// use vmm_alloc::classic::ClassicAllocator;
+/// let alloc = ClassicAllocator::with_alloc_conf(SimBackend::new(), "").unwrap();
+/// let a = alloc.allocate(3 << 20, StreamId::DEFAULT).unwrap();
+/// assert_eq!(alloc.stats().reserved_bytes.all.current, 20 << 20); // one 20 MiB segment
+/// alloc.deallocate(a).unwrap();
+/// alloc.empty_cache().unwrap();
+/// assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+/// ```
+pub struct ClassicAllocator<B: Backend> {
+    state: Mutex<State<B>>,
+}
+
+impl<B: Backend> ClassicAllocator<B> {
+    /// An allocator over `backend` configured as PyTorch by `conf`.
+    pub fn new(backend: B, conf: AllocConf) -> Result<Self, AllocError> {
+        Ok(Self {
+            state: Mutex::new(State::new(backend, conf)?),
+        })
+    }
+
+    /// An allocator configured by a `PYTORCH_CUDA_ALLOC_CONF` string (errors as PyTorch's).
+    pub fn with_alloc_conf(backend: B, conf: &str) -> Result<Self, AllocError> {
+        Self::new(backend, parse_alloc_conf(conf)?)
+    }
+
+    /// The configuration in force.
+    pub fn alloc_conf(&self) -> AllocConf {
+        self.state.lock().conf.clone()
+    }
+
+    /// `oversize_allocations` and `oversize_segments` (current): blocks and segments of at least
+    /// `max_split_size` bytes.
+    pub fn oversize(&self) -> (u64, u64) {
+        let s = self.state.lock();
+        (s.oversize_allocations, s.oversize_segments)
+    }
+}
+
+impl<B: Backend> Allocator for ClassicAllocator<B> {
+    fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError> {
+        self.state.lock().malloc(size, stream)
+    }
+
+    fn deallocate_ptr(&self, ptr: DevAddr) -> Result<(), AllocError> {
+        let mut s = self.state.lock();
+        s.free(ptr).map_err(|e| match e {
+            // A pointer that starts a free (or pending) block was freed already.
+            AllocError::InvalidPointer(p)
+                if s.blocks
+                    .iter()
+                    .any(|(_, b)| b.ptr == p.get() && !b.allocated) =>
+            {
+                AllocError::DoubleFree(p)
+            }
+            other => other,
+        })
+    }
+
+    fn record_stream(&self, ptr: DevAddr, stream: StreamId) -> Result<(), AllocError> {
+        self.state.lock().record_stream(ptr, stream)
+    }
+
+    fn empty_cache(&self) -> Result<(), AllocError> {
+        self.state.lock().release_cached_blocks()
+    }
+
+    fn stats(&self) -> MemoryStats {
+        self.state.lock().stats
+    }
+
+    fn reset_peak_stats(&self) {
+        self.state.lock().stats.reset_peak();
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let s = self.state.lock();
+        let pending: std::collections::HashSet<usize> = s
+            .events
+            .values()
+            .flat_map(|q| q.iter().map(|&(_, id)| id))
+            .collect();
+        let first: std::collections::HashMap<u64, usize> = s
+            .blocks
+            .iter()
+            .filter(|(_, b)| b.prev.is_none())
+            .map(|(id, b)| (b.ptr, id))
+            .collect();
+        let mut segments = Vec::new();
+        for (&base, seg) in &s.segments {
+            let mut blocks = Vec::new();
+            let mut cursor = first.get(&base).copied();
+            let (mut total, mut allocated, mut stream, mut pool) =
+                (0, 0, StreamId::DEFAULT, crate::stats::PoolKind::Large);
+            while let Some(id) = cursor {
+                let Some(b) = s.blocks.get(id) else { break };
+                let state = if b.allocated {
+                    allocated += b.size;
+                    BlockState::ActiveAllocated
+                } else if pending.contains(&id) {
+                    BlockState::ActivePendingFree
+                } else {
+                    BlockState::Inactive
+                };
+                let live = state != BlockState::Inactive;
+                blocks.push(BlockInfo {
+                    address: DevAddr::new(b.ptr),
+                    size: b.size,
+                    requested_size: if live { b.requested } else { 0 },
+                    state,
+                });
+                total += b.size;
+                (stream, pool) = (b.stream, b.pool);
+                cursor = b.next;
+            }
+            segments.push(SegmentInfo {
+                address: seg.va.start,
+                total_size: total,
+                mapped_size: total,
+                allocated_size: allocated,
+                stream,
+                pool,
+                blocks,
+            });
+        }
+        Snapshot { segments }
+    }
+}
+
+impl<B: Backend> Drop for ClassicAllocator<B> {
+    /// Gives every segment and event back to the backend, live blocks included; errors are
+    /// ignored (there is no one to report them to).
+    fn drop(&mut self) {
+        let s = self.state.get_mut();
+        for (_, queue) in std::mem::take(&mut s.events) {
+            for (e, _) in queue {
+                let _ = s.backend.release_event(e);
+            }
+        }
+        for (_, seg) in std::mem::take(&mut s.segments) {
+            let _ = device::device_free(&s.backend, &mut s.stats, &seg);
+        }
+    }
+}
+
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<ClassicAllocator<crate::SimBackend>>();
+};

@@ -1,0 +1,327 @@
+//! Frees, cross-stream events and giving memory back, ported from PyTorch's `free`,
+//! `free_block`, `try_merge_blocks`, `insert_events`, `process_events`, `release_*` and
+//! `garbage_collect_cached_blocks` (reference §1.8–1.11).
+
+use crate::backend::{Backend, CallKind, StreamId};
+use crate::classic::blocks::BlockId;
+use crate::classic::device::device_free;
+use crate::classic::state::State;
+use crate::error::{AllocError, BackendError};
+use crate::expandable::track;
+use crate::stats::PoolKind;
+use crate::units::DevAddr;
+
+impl<B: Backend> State<B> {
+    /// `free(block)`: the allocation at `ptr` is given back; with other streams' uses it waits for
+    /// their events first.
+    pub(crate) fn free(&mut self, ptr: DevAddr) -> Result<(), AllocError> {
+        let Some(&id) = self.active.get(&ptr.get()) else {
+            return Err(AllocError::InvalidPointer(ptr));
+        };
+        let uses = std::mem::take(&mut self.blocks.at_mut(id).stream_uses);
+        // Record the events first: if that fails the block is still allocated, nothing changed.
+        let mut recorded = Vec::with_capacity(uses.len());
+        for &s in &uses {
+            match track(
+                &mut self.stats,
+                CallKind::RecordEvent,
+                self.backend.record_event(s),
+            ) {
+                Ok(e) => recorded.push((s, e)),
+                Err(e) => {
+                    for (_, ev) in recorded {
+                        let _ = self.backend.release_event(ev);
+                    }
+                    self.blocks.at_mut(id).stream_uses = uses;
+                    return Err(e.into());
+                }
+            }
+        }
+        self.active.remove(&ptr.get());
+        let b = self.blocks.at_mut(id);
+        b.allocated = false;
+        b.event_count = recorded.len();
+        let (kind, size) = (b.pool, b.size);
+        self.stats.allocation.decrease(kind, 1);
+        self.stats.allocated_bytes.decrease(kind, size as u64);
+        if size >= self.conf.max_split_size.unwrap_or(usize::MAX) {
+            self.oversize_allocations -= 1;
+        }
+        if recorded.is_empty() {
+            self.free_block(id);
+        } else {
+            for (s, e) in recorded {
+                self.events.entry(s).or_default().push_back((e, id));
+            }
+        }
+        Ok(())
+    }
+
+    /// `free_block`: merges with free neighbours of the same segment and returns the block to
+    /// its pool.
+    pub(crate) fn free_block(&mut self, id: BlockId) {
+        let b = self.blocks.at(id);
+        let (kind, original_size, requested) = (b.pool, b.size, b.requested);
+        let (prev, next) = (b.prev, b.next);
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        for candidate in [prev, next] {
+            let subsumed = self.try_merge_blocks(id, candidate);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        let merged = self.blocks.at(id).clone();
+        self.insert_into_blocks(id, &merged);
+        if merged.is_split() {
+            net_blocks += 1;
+            net_bytes += merged.size as i64;
+        }
+        let s = &mut self.stats;
+        apply(&mut s.inactive_split, kind, net_blocks);
+        apply(&mut s.inactive_split_bytes, kind, net_bytes);
+        s.active.decrease(kind, 1);
+        s.active_bytes.decrease(kind, original_size as u64);
+        s.requested_bytes.decrease(kind, requested as u64);
+    }
+
+    /// `try_merge_blocks(dst, src)`: absorbs `src` into `dst` if it is free and idle; returns the
+    /// bytes absorbed.
+    fn try_merge_blocks(&mut self, dst: BlockId, src: Option<BlockId>) -> usize {
+        let Some(src) = src else { return 0 };
+        let s = self.blocks.at(src).clone();
+        if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() {
+            return 0;
+        }
+        self.pool(s.pool).remove(src, &s);
+        let d = self.blocks.at_mut(dst);
+        if d.prev == Some(src) {
+            d.ptr = s.ptr;
+            d.prev = s.prev;
+            if let Some(p) = s.prev {
+                self.blocks.at_mut(p).next = Some(dst);
+            }
+        } else {
+            d.next = s.next;
+            if let Some(n) = s.next {
+                self.blocks.at_mut(n).prev = Some(dst);
+            }
+        }
+        self.blocks.at_mut(dst).size += s.size;
+        self.blocks.remove(src);
+        s.size
+    }
+
+    /// `recordStream`: the block is used on `stream` too.
+    pub(crate) fn record_stream(
+        &mut self,
+        ptr: DevAddr,
+        stream: StreamId,
+    ) -> Result<(), AllocError> {
+        let &id = self
+            .active
+            .get(&ptr.get())
+            .ok_or(AllocError::InvalidPointer(ptr))?;
+        let b = self.blocks.at_mut(id);
+        if stream != b.stream && !b.stream_uses.contains(&stream) {
+            b.stream_uses.push(stream);
+        }
+        Ok(())
+    }
+
+    /// `process_events`: per stream, frees blocks whose events completed, stopping at the first
+    /// that has not (events complete in order on a stream).
+    pub(crate) fn process_events(&mut self) {
+        let streams: Vec<StreamId> = self.events.keys().copied().collect();
+        for s in streams {
+            while let Some(&(event, id)) = self.events.get(&s).and_then(|q| q.front()) {
+                let done = track(
+                    &mut self.stats,
+                    CallKind::QueryEvent,
+                    self.backend.query_event(event),
+                );
+                // A failing query counts as "not done": never reuse early.
+                if !matches!(done, Ok(true)) {
+                    break;
+                }
+                self.events.get_mut(&s).map(|q| q.pop_front());
+                self.event_done(event, id);
+            }
+            if self.events.get(&s).is_some_and(|q| q.is_empty()) {
+                self.events.remove(&s);
+            }
+        }
+    }
+
+    fn event_done(&mut self, event: crate::backend::EventId, id: BlockId) {
+        let _ = track(
+            &mut self.stats,
+            CallKind::ReleaseEvent,
+            self.backend.release_event(event),
+        );
+        let b = self.blocks.at_mut(id);
+        b.event_count -= 1;
+        if b.event_count == 0 {
+            self.free_block(id);
+        }
+    }
+
+    /// `synchronize_and_free_events`: waits for every outstanding event, then frees their blocks.
+    fn synchronize_and_free_events(&mut self) -> Result<(), BackendError> {
+        let streams: Vec<StreamId> = self.events.keys().copied().collect();
+        for s in &streams {
+            track(
+                &mut self.stats,
+                CallKind::Synchronize,
+                self.backend.synchronize(*s),
+            )?;
+        }
+        for s in streams {
+            for (event, id) in self.events.remove(&s).unwrap_or_default() {
+                self.event_done(event, id);
+            }
+        }
+        Ok(())
+    }
+
+    /// `release_cached_blocks`: waits for pending frees, then frees every free whole segment,
+    /// large pool first, each pool in (stream, size, address) order.
+    pub(crate) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
+        self.synchronize_and_free_events()?;
+        self.release_blocks(PoolKind::Large)?;
+        self.release_blocks(PoolKind::Small)?;
+        Ok(())
+    }
+
+    fn release_blocks(&mut self, kind: PoolKind) -> Result<(), AllocError> {
+        let pool = match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        };
+        let whole: Vec<BlockId> = pool
+            .blocks
+            .iter()
+            .map(|&(_, _, _, id)| id)
+            .filter(|&id| !self.blocks.at(id).is_split())
+            .collect();
+        for id in whole {
+            self.release_block(id)?;
+        }
+        Ok(())
+    }
+
+    /// `release_block`: `cudaFree` of a free, unsplit block (a whole segment).
+    pub(crate) fn release_block(&mut self, id: BlockId) -> Result<(), AllocError> {
+        let b = self.blocks.at(id).clone();
+        let Some(seg) = self.segments.get(&b.ptr).copied() else {
+            return Ok(());
+        };
+        device_free(&self.backend, &mut self.stats, &seg)?;
+        self.segments.remove(&b.ptr);
+        self.total_allocated_memory -= b.size;
+        self.pool(b.pool).remove(id, &b);
+        self.blocks.remove(id);
+        self.stats.segment.decrease(b.pool, 1);
+        self.stats.reserved_bytes.decrease(b.pool, b.size as u64);
+        if b.size >= self.conf.max_split_size.unwrap_or(usize::MAX) {
+            self.oversize_segments -= 1;
+        }
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// `release_available_cached_blocks`: with `max_split_size` set, frees one oversize block big
+    /// enough for the request, or oversize blocks from the largest down until enough is freed.
+    pub(crate) fn release_available_cached_blocks(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        size: usize,
+    ) -> Result<bool, AllocError> {
+        let Some(max_split) = self.conf.max_split_size else {
+            return Ok(false);
+        };
+        let key = size.max(max_split);
+        if let Some((_, id)) = self.pool(kind).lower_bound(stream, key) {
+            self.release_block(id)?;
+            return Ok(true);
+        }
+        // No single block is large enough: free oversize blocks of this stream, largest first.
+        let candidates: Vec<(usize, BlockId)> = self
+            .pool(kind)
+            .blocks
+            .range(..(stream, key, 0, 0))
+            .rev()
+            .take_while(|&&(s, len, _, _)| s == stream && len >= max_split)
+            .map(|&(_, len, _, id)| (len, id))
+            .collect();
+        let mut released = 0;
+        for (len, id) in candidates {
+            if released >= key {
+                break;
+            }
+            self.release_block(id)?;
+            released += len;
+        }
+        Ok(released >= key)
+    }
+
+    /// `garbage_collect_cached_blocks`: above `garbage_collection_threshold` of the allowed
+    /// memory, frees the unsplit large blocks that went unused longest (age ≥ the average) until
+    /// the excess is reclaimed.
+    pub(crate) fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
+        let Some(allowed) = self.allowed_memory_maximum else {
+            return Ok(());
+        };
+        let gc_threshold = (self.conf.garbage_collection_threshold * allowed as f64) as usize;
+        if self.total_allocated_memory <= gc_threshold {
+            return Ok(());
+        }
+        let target = self.total_allocated_memory - gc_threshold;
+        let clock = self.large.get_free_blocks_call_count;
+        let age = |s: &Self, id: BlockId| (clock - s.blocks.at(id).gc_count_base) as f64;
+        let freeable: Vec<BlockId> = self
+            .large
+            .blocks
+            .iter()
+            .map(|&(_, _, _, id)| id)
+            .filter(|&id| !self.blocks.at(id).is_split())
+            .collect();
+        let mut total_age: f64 = freeable.iter().map(|&id| age(self, id)).sum();
+        let mut count = freeable.len();
+        let mut reclaimed = 0;
+        let mut freed_one = true;
+        while reclaimed < target && freed_one && count > 0 {
+            let threshold = total_age / count as f64;
+            freed_one = false;
+            let pass: Vec<BlockId> = self
+                .large
+                .blocks
+                .iter()
+                .map(|&(_, _, _, id)| id)
+                .filter(|&id| !self.blocks.at(id).is_split())
+                .collect();
+            for id in pass {
+                let a = age(self, id);
+                if a >= threshold {
+                    freed_one = true;
+                    reclaimed += self.blocks.at(id).size;
+                    total_age -= a;
+                    count -= 1;
+                    self.release_block(id)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Adds a signed change to a count stat.
+fn apply(stat: &mut crate::stats::StatArray, kind: PoolKind, delta: i64) {
+    if delta > 0 {
+        stat.increase(kind, delta as u64);
+    } else if delta < 0 {
+        stat.decrease(kind, delta.unsigned_abs());
+    }
+}

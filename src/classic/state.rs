@@ -1,0 +1,304 @@
+//! The classic allocator's state and `malloc`, ported from PyTorch's `DeviceCachingAllocator`
+//! (reference §1.3–1.9): names follow upstream so a diff against it reads line by line.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
+use crate::classic::blocks::{Arena, Block, BlockId, Pool};
+use crate::classic::device::{device_alloc, DeviceSegment};
+use crate::config::{get_allocation_size, round_size, AllocConf, ONE_EXA_BYTES, SMALL_SIZE};
+use crate::error::{AllocError, BackendError, OomReport};
+use crate::expandable::track;
+use crate::stats::{MemoryStats, PoolKind};
+use crate::units::DevAddr;
+
+pub(crate) struct State<B: Backend> {
+    pub(crate) backend: B,
+    pub(crate) conf: AllocConf,
+    pub(crate) access: Vec<Access>,
+    pub(crate) device_total: usize,
+    /// `allowed_memory_maximum`, when a memory fraction below 1 is set (`set_fraction`).
+    pub(crate) allowed_memory_maximum: Option<usize>,
+    /// `total_allocated_memory`: bytes of every segment.
+    pub(crate) total_allocated_memory: usize,
+    pub(crate) blocks: Arena,
+    pub(crate) small: Pool,
+    pub(crate) large: Pool,
+    /// Allocated blocks by address (`active_blocks` and the pointer map in one).
+    pub(crate) active: HashMap<u64, BlockId>,
+    /// Device allocations by their first address.
+    pub(crate) segments: BTreeMap<u64, DeviceSegment>,
+    /// Per stream, FIFO: events of blocks used on that stream (`cuda_events`).
+    pub(crate) events: BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
+    pub(crate) stats: MemoryStats,
+    /// `oversize_allocations`, `oversize_segments` (current).
+    pub(crate) oversize_allocations: u64,
+    pub(crate) oversize_segments: u64,
+}
+
+/// `max_split_size` as PyTorch holds it: unlimited when unset.
+fn max_split(conf: &AllocConf) -> usize {
+    conf.max_split_size.unwrap_or(usize::MAX)
+}
+
+impl<B: Backend> State<B> {
+    pub(crate) fn new(backend: B, conf: AllocConf) -> Result<Self, AllocError> {
+        let info = backend.mem_info()?;
+        let fraction = conf.per_process_memory_fraction;
+        let allowed = (fraction < 1.0).then_some((info.total as f64 * fraction) as usize);
+        Ok(Self {
+            access: vec![Access::read_write(backend.device())],
+            backend,
+            conf,
+            device_total: info.total,
+            allowed_memory_maximum: allowed,
+            total_allocated_memory: 0,
+            blocks: Arena::default(),
+            small: Pool::default(),
+            large: Pool::default(),
+            active: HashMap::new(),
+            segments: BTreeMap::new(),
+            events: BTreeMap::new(),
+            stats: MemoryStats::default(),
+            oversize_allocations: 0,
+            oversize_segments: 0,
+        })
+    }
+
+    pub(crate) fn pool(&mut self, kind: PoolKind) -> &mut Pool {
+        match kind {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        }
+    }
+
+    fn gc_enabled(&self) -> bool {
+        self.allowed_memory_maximum.is_some() && self.conf.garbage_collection_threshold > 0.0
+    }
+
+    /// `malloc(size, stream)`, in PyTorch's order (reference §1.3).
+    pub(crate) fn malloc(
+        &mut self,
+        orig_size: usize,
+        stream: StreamId,
+    ) -> Result<crate::Allocation, AllocError> {
+        if orig_size == 0 {
+            return Err(AllocError::InvalidSize { size: 0 });
+        }
+        if orig_size > ONE_EXA_BYTES {
+            return Err(AllocError::TooLarge { size: orig_size });
+        }
+        self.process_events();
+        let size = round_size(orig_size, &self.conf.roundup_power2_divisions)
+            .ok_or(AllocError::TooLarge { size: orig_size })?;
+        let kind = if size <= SMALL_SIZE {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        let alloc_size = get_allocation_size(size, self.conf.large_segment_size)
+            .ok_or(AllocError::TooLarge { size: orig_size })?;
+        let mut found = self.get_free_block(kind, stream, size);
+        if found.is_none() {
+            if self.gc_enabled() {
+                self.garbage_collect_cached_blocks()?;
+            }
+            found = self.alloc_block(kind, stream, alloc_size, false)?;
+            if found.is_none() && self.release_available_cached_blocks(kind, stream, size)? {
+                found = self.alloc_block(kind, stream, alloc_size, false)?;
+            }
+            if found.is_none() {
+                self.release_cached_blocks()?;
+                found = self.alloc_block(kind, stream, alloc_size, true)?;
+            }
+        }
+        let Some(id) = found else {
+            self.stats.num_ooms += 1;
+            return Err(self.oom(alloc_size));
+        };
+        let split = self.should_split(id, size);
+        Ok(self.alloc_found_block(id, size, orig_size, split))
+    }
+
+    /// `get_free_block`: best fit on the stream, with the oversize rules of `max_split_size`.
+    fn get_free_block(&mut self, kind: PoolKind, stream: StreamId, size: usize) -> Option<BlockId> {
+        let gc = self.gc_enabled();
+        let max_split = max_split(&self.conf);
+        let rounding = self.conf.max_non_split_rounding;
+        let pool = self.pool(kind);
+        if gc {
+            pool.get_free_blocks_call_count += 1;
+        }
+        let (len, id) = pool.lower_bound(stream, size)?;
+        // Do not return an oversized block for a large request.
+        if size < max_split && len >= max_split {
+            return None;
+        }
+        // Allow an oversized block to be rounded up, but only within a limit.
+        if size >= max_split && len >= size.saturating_add(rounding) {
+            return None;
+        }
+        let b = self.blocks.at(id).clone();
+        self.pool(kind).remove(id, &b);
+        Some(id)
+    }
+
+    /// `should_split`: small pool, at least 512 bytes left; large pool, a request below
+    /// `max_split_size` leaving more than 1 MiB.
+    fn should_split(&self, id: BlockId, size: usize) -> bool {
+        let b = self.blocks.at(id);
+        let remaining = b.size - size;
+        match b.pool {
+            PoolKind::Small => remaining >= crate::config::MIN_BLOCK_SIZE,
+            PoolKind::Large => size < max_split(&self.conf) && remaining > SMALL_SIZE,
+        }
+    }
+
+    /// `alloc_found_block`: splits off the remainder (the new block keeps the front, as
+    /// upstream) and marks the block allocated.
+    fn alloc_found_block(
+        &mut self,
+        mut id: BlockId,
+        size: usize,
+        orig_size: usize,
+        split: bool,
+    ) -> crate::Allocation {
+        let kind = self.blocks.at(id).pool;
+        let already_split = self.blocks.at(id).is_split();
+        if split {
+            let remaining_id = id;
+            let r = self.blocks.at(remaining_id).clone();
+            let front = Block {
+                ptr: r.ptr,
+                size,
+                requested: 0,
+                stream: r.stream,
+                pool: r.pool,
+                allocated: false,
+                prev: r.prev,
+                next: Some(remaining_id),
+                event_count: 0,
+                stream_uses: Vec::new(),
+                gc_count_base: 0,
+            };
+            id = self.blocks.insert(front);
+            if let Some(p) = r.prev {
+                self.blocks.at_mut(p).next = Some(id);
+            }
+            let rem = self.blocks.at_mut(remaining_id);
+            rem.prev = Some(id);
+            rem.ptr += size as u64;
+            rem.size -= size;
+            let rem = rem.clone();
+            self.insert_into_blocks(remaining_id, &rem);
+            if already_split {
+                self.stats.inactive_split_bytes.decrease(kind, size as u64);
+            } else {
+                self.stats
+                    .inactive_split_bytes
+                    .increase(kind, rem.size as u64);
+                self.stats.inactive_split.increase(kind, 1);
+            }
+        } else if already_split {
+            let len = self.blocks.at(id).size as u64;
+            self.stats.inactive_split_bytes.decrease(kind, len);
+            self.stats.inactive_split.decrease(kind, 1);
+        }
+        let b = self.blocks.at_mut(id);
+        b.allocated = true;
+        b.requested = orig_size;
+        let (ptr, len, stream) = (b.ptr, b.size, b.stream);
+        self.active.insert(ptr, id);
+        let s = &mut self.stats;
+        s.allocation.increase(kind, 1);
+        s.allocated_bytes.increase(kind, len as u64);
+        s.active.increase(kind, 1);
+        s.active_bytes.increase(kind, len as u64);
+        s.requested_bytes.increase(kind, orig_size as u64);
+        if len >= max_split(&self.conf) {
+            self.oversize_allocations += 1;
+        }
+        crate::Allocation {
+            ptr: DevAddr::new(ptr),
+            size: len,
+            requested: orig_size,
+            stream,
+        }
+    }
+
+    /// Puts a free block into its pool, stamping its GC age.
+    pub(crate) fn insert_into_blocks(&mut self, id: BlockId, b: &Block) {
+        let clock = self.pool(b.pool).get_free_blocks_call_count;
+        self.blocks.at_mut(id).gc_count_base = clock;
+        self.pool(b.pool).insert(id, b);
+    }
+
+    /// `alloc_block`: a new segment of `alloc_size`, unless the memory fraction or the device
+    /// says no (`None`). Errors other than out-of-memory are returned.
+    fn alloc_block(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        alloc_size: usize,
+        is_retry: bool,
+    ) -> Result<Option<BlockId>, AllocError> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(max) = self.allowed_memory_maximum {
+            if self.total_allocated_memory.saturating_add(alloc_size) > max {
+                return Ok(None);
+            }
+        }
+        let seg = match self.device_malloc(alloc_size) {
+            Ok(seg) => seg,
+            Err(e) if e.is_out_of_memory() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let ptr = seg.va.start.get();
+        self.segments.insert(ptr, seg);
+        self.total_allocated_memory += alloc_size;
+        let id = self.blocks.insert(Block {
+            ptr,
+            size: alloc_size,
+            requested: 0,
+            stream,
+            pool: kind,
+            allocated: false,
+            prev: None,
+            next: None,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_count_base: 0,
+        });
+        self.stats.segment.increase(kind, 1);
+        self.stats.reserved_bytes.increase(kind, alloc_size as u64);
+        if alloc_size >= max_split(&self.conf) {
+            self.oversize_segments += 1;
+        }
+        self.stats.num_device_alloc += 1;
+        Ok(Some(id))
+    }
+
+    /// One `cudaMalloc`, its backend calls counted by kind.
+    fn device_malloc(&mut self, size: usize) -> Result<DeviceSegment, BackendError> {
+        device_alloc(&self.backend, &mut self.stats, size, &self.access)
+    }
+
+    fn oom(&mut self, alloc_size: usize) -> AllocError {
+        let free = track(&mut self.stats, CallKind::MemInfo, self.backend.mem_info())
+            .map(|i| i.free as u64)
+            .unwrap_or(0);
+        let allocated = self.stats.allocated_bytes.all.current;
+        let reserved = self.stats.reserved_bytes.all.current;
+        AllocError::OutOfMemory(Box::new(OomReport {
+            device: self.backend.device(),
+            tried: alloc_size as u64,
+            total: self.device_total as u64,
+            free,
+            allowed: self.allowed_memory_maximum.map(|m| m as u64),
+            allocated,
+            reserved_unallocated: reserved.saturating_sub(allocated),
+        }))
+    }
+}
