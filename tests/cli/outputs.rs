@@ -16,7 +16,7 @@ fn no_arguments_compares_the_builtin_workloads() {
         assert!(out.contains(name), "{name} missing from:\n{out}");
     }
     // One summary line per allocator over the four workloads.
-    for allocator in ["pytorch-expandable", "expandable"] {
+    for allocator in ["classic", "pytorch-expandable", "expandable"] {
         assert!(
             out.lines()
                 .any(|l| l.starts_with(&format!("{allocator}: 4 traces"))),
@@ -38,7 +38,7 @@ fn json_reports_every_documented_field_with_consistent_figures() {
         trace["recorded_peak_reserved_bytes"].is_null(),
         "an RMM log records no segments"
     );
-    for name in ["pytorch-expandable", "expandable"] {
+    for name in ["classic", "pytorch-expandable", "expandable"] {
         let a = allocator(&report, 0, name);
         let live = a["peak_live_bytes"].as_u64().unwrap();
         let reserved = a["peak_reserved_bytes"].as_u64().unwrap();
@@ -65,7 +65,7 @@ fn min_capacity_is_the_smallest_capacity_that_replays_without_oom() {
     let log = file("min", "small.csv", &small_log());
     let path = log.to_str().unwrap();
     let report = replay_json(&["--min-capacity", path]);
-    for name in ["pytorch-expandable", "expandable"] {
+    for name in ["classic", "pytorch-expandable", "expandable"] {
         let a = allocator(&report, 0, name);
         let min = a["min_capacity_bytes"].as_u64().expect("a capacity");
         assert_eq!(
@@ -120,16 +120,19 @@ fn several_files_give_a_row_each_and_a_summary() {
     let o = vmm_replay(&[a.to_str().unwrap(), b.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
+    // A row per allocator (three by default) for each file, then a summary line per allocator.
     assert_eq!(
         out.lines().filter(|l| l.starts_with("| first |")).count(),
-        2
+        3
     );
     assert_eq!(
         out.lines().filter(|l| l.starts_with("| second |")).count(),
-        2
+        3
     );
-    assert!(out.contains("pytorch-expandable: 2 traces"), "{out}");
-    assert!(out.contains("\nexpandable: 2 traces"), "{out}");
+    for name in ["classic", "pytorch-expandable", "expandable"] {
+        let line = format!("{name}: 2 traces");
+        assert!(out.lines().any(|l| l.starts_with(&line)), "{out}");
+    }
 }
 
 #[test]
@@ -164,7 +167,7 @@ fn a_written_trace_replays_to_the_same_figures() {
         log.to_str().unwrap(),
     ]);
     let second = replay_json(&[native.to_str().unwrap()]);
-    for name in ["pytorch-expandable", "expandable"] {
+    for name in ["classic", "pytorch-expandable", "expandable"] {
         let (a, b) = (allocator(&first, 0, name), allocator(&second, 0, name));
         for field in [
             "peak_live_bytes",
@@ -230,12 +233,12 @@ fn a_dumped_snapshot_replays_from_empty_to_the_same_peak() {
 fn driver_calls_are_reported_by_kind() {
     let log = file("kinds", "small.csv", &small_log());
     let report = replay_json(&[log.to_str().unwrap()]);
-    for name in ["pytorch-expandable", "expandable"] {
+    for name in ["classic", "pytorch-expandable", "expandable"] {
         let a = allocator(&report, 0, name);
         let kinds = a["driver_calls_by_kind"].as_object().expect("an object");
         let sum: u64 = kinds.values().map(|v| v.as_u64().unwrap()).sum();
         assert_eq!(sum, a["driver_calls"].as_u64().unwrap(), "{name}");
-        // Two pages (a 20 MiB large one, a 2 MiB small one): two creates, two maps.
+        // Two pages or segments (20 MiB large, 2 MiB small): two creates, two maps.
         assert_eq!(kinds["cuMemCreate"], 2, "{name}: {kinds:?}");
         assert_eq!(kinds["cuMemMap"], 2, "{name}: {kinds:?}");
     }

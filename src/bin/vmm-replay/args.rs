@@ -48,7 +48,7 @@ pub struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "pytorch-expandable,expandable"
+        default_value = "classic,pytorch-expandable,expandable"
     )]
     pub allocators: Vec<String>,
     /// Do not replay the traced program's empty_cache() calls.
