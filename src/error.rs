@@ -34,6 +34,7 @@ impl BackendError {
         matches!(
             self.kind,
             BackendErrorKind::NotMapped { .. }
+                | BackendErrorKind::DoubleUnmap { .. }
                 | BackendErrorKind::HandleAlreadyReleased(_)
                 | BackendErrorKind::ReservationStillMapped { .. }
                 | BackendErrorKind::EventAlreadyReleased(_)
@@ -166,10 +167,19 @@ pub enum BackendErrorKind {
     #[error("{0:?} was not recorded by this backend")]
     UnknownEvent(EventId),
 
-    /// Unmapping a range with no mapping in it: a double unmap, or an unmap of a never-mapped
-    /// range. CUDA returns success for both; it is always an allocator bug.
-    #[error("range at {addr} of length {len:#x} is not mapped (double unmap, or never mapped); CUDA would accept this silently, so the caller's bookkeeping is wrong")]
+    /// Unmapping a range in which nothing has been mapped since its reservation was made (or that
+    /// no reservation holds). CUDA returns success; it is always an allocator bug.
+    #[error("range at {addr} of length {len:#x} was never mapped; CUDA would accept this unmap silently, so the caller's bookkeeping is wrong")]
     NotMapped {
+        /// Start of the range.
+        addr: DevAddr,
+        /// Its length.
+        len: usize,
+    },
+    /// Unmapping a range that has no mapping now but was (at least in part) mapped and then
+    /// unmapped already: a double unmap. CUDA returns success; it is always an allocator bug.
+    #[error("range at {addr} of length {len:#x} was already unmapped (double unmap); CUDA would accept this silently, so the caller's bookkeeping is wrong")]
+    DoubleUnmap {
         /// Start of the range.
         addr: DevAddr,
         /// Its length.

@@ -55,6 +55,8 @@ impl<R: RawDevice> Checked<R> {
     }
 
     /// Runs one call of `kind`: counts it, injects a planned fault, and tags any error with `kind`.
+    /// `requested` is the call's length argument (0 for calls without one): what an injected
+    /// out-of-memory error says was asked for.
     fn call<T>(
         &self,
         kind: CallKind,
@@ -102,9 +104,7 @@ impl<R: RawDevice> Checked<R> {
 impl<R: RawDevice> State<R> {
     fn injected(&self, fault: FaultError, kind: CallKind, requested: usize) -> E {
         match (fault, kind) {
-            (FaultError::OutOfMemory, CallKind::Reserve) => {
-                E::AddressSpaceExhausted { requested: 0 }
-            }
+            (FaultError::OutOfMemory, CallKind::Reserve) => E::AddressSpaceExhausted { requested },
             (FaultError::OutOfMemory, _) => {
                 let total = self.ledger.capacity().unwrap_or(0);
                 E::OutOfMemory {
@@ -194,7 +194,7 @@ impl<R: RawDevice> Backend for Checked<R> {
         handle: PhysHandle,
         offset: usize,
     ) -> Result<(), BackendError> {
-        self.call(CallKind::Map, 0, |s| {
+        self.call(CallKind::Map, len, |s| {
             let raw = s.ledger.check_map(at, len, handle, offset)?;
             s.raw.map(at.get(), len, raw, offset)?;
             s.ledger.apply_map(at, len, handle);
@@ -203,7 +203,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn unmap(&self, at: DevAddr, len: usize) -> Result<(), BackendError> {
-        self.call(CallKind::Unmap, 0, |s| {
+        self.call(CallKind::Unmap, len, |s| {
             let starts = s.ledger.check_unmap(at, len)?;
             s.raw.unmap(at.get(), len)?;
             for (raw, len) in s.ledger.apply_unmap(&starts) {
@@ -214,7 +214,7 @@ impl<R: RawDevice> Backend for Checked<R> {
     }
 
     fn set_access(&self, at: DevAddr, len: usize, access: &[Access]) -> Result<(), BackendError> {
-        self.call(CallKind::SetAccess, 0, |s| {
+        self.call(CallKind::SetAccess, len, |s| {
             let starts = s.ledger.check_set_access(at, len, access)?;
             s.raw.set_access(at.get(), len, access)?;
             s.ledger.apply_set_access(&starts, access);

@@ -10,7 +10,9 @@
 //! * mappings never overlap; `mapped_bytes == Σ mapping.len`;
 //! * `handle.mappings == |{m : m.handle == handle}|`; a handle that is released and unmapped is
 //!   gone from `handles`;
-//! * `physical_bytes == Σ handle.len` over `handles` (released-but-mapped handles included).
+//! * `physical_bytes == Σ handle.len` over `handles` (released-but-mapped handles included);
+//! * `ever_mapped` holds disjoint, non-adjacent ranges, each inside one live reservation, whose
+//!   union covers every mapping.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,6 +59,11 @@ pub(crate) struct Ledger {
     capacity: Option<usize>,
     reservations: BTreeMap<u64, usize>,
     mappings: BTreeMap<u64, Mapping>,
+    /// start -> len of the address ranges that have been mapped since their reservation was made,
+    /// merged: what tells a double unmap (nothing mapped now, but something was) from an unmap of a
+    /// range that was never mapped. Cleared with the reservation, so it never outgrows the live
+    /// reservations: at most one entry per run of mapped-at-some-point granules.
+    ever_mapped: BTreeMap<u64, usize>,
     handles: HashMap<u64, HandleEntry>,
     /// This ledger's tag, in the top bits of every id it hands out.
     tag: u64,
@@ -82,6 +89,7 @@ impl Ledger {
             capacity,
             reservations: BTreeMap::new(),
             mappings: BTreeMap::new(),
+            ever_mapped: BTreeMap::new(),
             handles: HashMap::new(),
             tag: (NEXT_TAG.fetch_add(1, Ordering::Relaxed) % 0xFFFF + 1) << TAG_SHIFT,
             next_handle: 1,
@@ -172,7 +180,53 @@ impl Ledger {
     pub(crate) fn apply_free_reservation(&mut self, range: VaRange) {
         if self.reservations.remove(&range.start.get()).is_some() {
             self.reserved_va_bytes -= range.len;
+            // The address range may be reserved again; there, nothing has been mapped yet.
+            self.forget_ever_mapped(range.start.get(), range.start.get() + range.len as u64);
         }
+    }
+
+    /// Removes `[at, end)` from `ever_mapped`, cutting ranges that stick out of it.
+    fn forget_ever_mapped(&mut self, at: u64, end: u64) {
+        let before = self
+            .ever_mapped
+            .range(..at)
+            .next_back()
+            .filter(|&(&s, &l)| s + l as u64 > at);
+        let cut: Vec<(u64, u64)> = before
+            .into_iter()
+            .chain(self.ever_mapped.range(at..end))
+            .map(|(&s, &l)| (s, s + l as u64))
+            .collect();
+        for (s, e) in cut {
+            self.ever_mapped.remove(&s);
+            if s < at {
+                self.ever_mapped.insert(s, (at - s) as usize);
+            }
+            if e > end {
+                self.ever_mapped.insert(end, (e - end) as usize);
+            }
+        }
+    }
+
+    /// Adds `[at, end)` to `ever_mapped`, merged with the ranges it overlaps or touches.
+    fn remember_mapped(&mut self, at: u64, end: u64) {
+        let (mut start, mut stop) = (at, end);
+        let before = self
+            .ever_mapped
+            .range(..at)
+            .next_back()
+            .filter(|&(&s, &l)| s + l as u64 >= at);
+        let merged: Vec<(u64, u64)> = before
+            .into_iter()
+            .chain(self.ever_mapped.range(at..=end))
+            .map(|(&s, &l)| (s, s + l as u64))
+            .collect();
+        for (s, e) in merged {
+            self.ever_mapped.remove(&s);
+            start = start.min(s);
+            stop = stop.max(e);
+        }
+        self.ever_mapped.insert(start, (stop - start) as usize);
     }
 
     // ---- handles --------------------------------------------------------------------------
@@ -306,6 +360,7 @@ impl Ledger {
         if let Some(entry) = self.handles.get_mut(&handle.0) {
             entry.mappings += 1;
         }
+        self.remember_mapped(at.get(), at.get() + len as u64);
     }
 
     /// The mappings that exactly tile `[at, at + len)`, as start addresses, or why they do not.
@@ -327,20 +382,28 @@ impl Ledger {
         Ok(starts)
     }
 
-    /// Whether any mapping overlaps `[at, end)`.
-    fn any_mapping_overlaps(&self, at: u64, end: u64) -> bool {
-        self.mappings
+    /// Whether any of the disjoint ranges in `ranges` (start -> value, `len_of` its length)
+    /// overlaps `[at, end)`: only the last one starting before `end` can.
+    fn overlaps<V>(ranges: &BTreeMap<u64, V>, len_of: fn(&V) -> usize, at: u64, end: u64) -> bool {
+        ranges
             .range(..end)
             .next_back()
-            .is_some_and(|(&start, m)| start + m.len as u64 > at)
+            .is_some_and(|(&start, v)| start + len_of(v) as u64 > at)
     }
 
     pub(crate) fn check_unmap(&self, at: DevAddr, len: usize) -> Result<Vec<u64>, E> {
         self.check_len(len)?;
         self.check_aligned("address", at.get())?;
         let end = Self::end_of(at, len)?;
-        if !self.any_mapping_overlaps(at.get(), end) {
-            return Err(E::NotMapped { addr: at, len });
+        if !Self::overlaps(&self.mappings, |m| m.len, at.get(), end) {
+            // CUDA accepts both; telling them apart points the caller at the right bug.
+            return Err(
+                if Self::overlaps(&self.ever_mapped, |&l| l, at.get(), end) {
+                    E::DoubleUnmap { addr: at, len }
+                } else {
+                    E::NotMapped { addr: at, len }
+                },
+            );
         }
         self.whole_mappings(at, len)
     }

@@ -26,8 +26,8 @@
 //!
 //! A call that breaks a rule returns a [`BackendError`] naming the rule and changes nothing. Rules
 //! 1 and 2 are what CUDA enforces; rules 3 and 4 catch what CUDA accepts silently but is always an
-//! allocator bug (double unmap, unmapping a never-mapped range, double release, freeing a mapped
-//! reservation).
+//! allocator bug, each with its own error: double unmap (`DoubleUnmap`), unmapping a never-mapped
+//! range (`NotMapped`), double release, freeing a mapped reservation.
 //!
 //! Implementations guarantee: reservations are aligned to the granularity and never overlap;
 //! a new mapping has no access until `set_access`; bytes written through a mapping stay readable

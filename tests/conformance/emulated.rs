@@ -150,20 +150,28 @@ fn fault_out_of_memory_is_out_of_memory<B: Emulated>(b: &B) -> TestResult {
     b.set_faults(
         FaultPlan::new()
             .fail(CallKind::Create, Trigger::Nth(1), FaultError::OutOfMemory)
-            .fail(CallKind::Reserve, Trigger::Nth(1), FaultError::OutOfMemory),
+            .fail(CallKind::Reserve, Trigger::Nth(1), FaultError::OutOfMemory)
+            .fail(CallKind::Map, Trigger::Nth(1), FaultError::OutOfMemory),
     );
     let err = rejects!(b, Create, b.create(g),
-        E::OutOfMemory { free, total, .. } if *free == info.free && *total == info.total);
+        E::OutOfMemory { requested, free, total }
+            if *requested == g && *free == info.free && *total == info.total);
     ensure!(
         err.is_out_of_memory(),
         "an injected OutOfMemory must say is_out_of_memory(): {err}"
     );
-    let err = rejects!(b, Reserve, b.reserve(g), E::AddressSpaceExhausted { .. });
+    let err = rejects!(b, Reserve, b.reserve(3 * g),
+        E::AddressSpaceExhausted { requested } if *requested == 3 * g);
     ensure!(
         err.is_out_of_memory(),
         "an injected reserve OutOfMemory must say is_out_of_memory(): {err}"
     );
-    ensure_eq!(b.clear_faults(), 2, "faults injected");
+    // Every injected out-of-memory error carries the length of the call it failed.
+    let va = ok!(b.reserve(2 * g));
+    rejects!(b, Map, b.map(va.start, 2 * g, held, 0),
+        E::OutOfMemory { requested, .. } if *requested == 2 * g);
+    ensure_eq!(b.clear_faults(), 3, "faults injected");
+    ok!(b.free_reservation(va));
     ok!(b.release(held));
     Ok(())
 }
@@ -184,6 +192,8 @@ fn fault_on_every_kind_changes_nothing<B: Emulated>(b: &B) -> TestResult {
     let h = ok!(b.create(g));
     once(CallKind::Map);
     rejects!(b, Map, b.map(va.start, g, h, 0), E::Injected);
+    // The failed map left nothing behind, not even a memory of the range having been mapped.
+    rejects!(b, Unmap, b.unmap(va.start, g), E::NotMapped { .. });
     ok!(b.map(va.start, g, h, 0));
     once(CallKind::SetAccess);
     rejects!(b, SetAccess, b.set_access(va.start, g, &rw(b)), E::Injected);
@@ -217,6 +227,7 @@ fn fault_on_every_kind_changes_nothing<B: Emulated>(b: &B) -> TestResult {
         ensure_eq!(out[0], 42, "byte read through a mapping whose unmap failed");
     }
     ok!(b.unmap(va.start, g));
+    rejects!(b, Unmap, b.unmap(va.start, g), E::DoubleUnmap { .. });
     once(CallKind::Release);
     rejects!(b, Release, b.release(h), E::Injected);
     ok!(b.release(h));

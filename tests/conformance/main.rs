@@ -6,7 +6,9 @@
 //! * `sim_64k`, `host_64k`: the common cases again at a 64 KiB granularity (and 2 devices on Sim),
 //!   so nothing in the suite or the backends quietly assumes 2 MiB;
 //! * `cuda`: device 0 when `CudaBackend::new(0)` succeeds. Without a usable GPU its tests are
-//!   still listed, marked ignored, and one `SKIPPED ...` line says why.
+//!   still listed, marked ignored, and one `SKIPPED ...` line says why;
+//! * `cuda_init`: constructing the Cuda backend without a driver or device gives an error value
+//!   (run everywhere; the no-driver case prints `SKIPPED:` where libcuda is present).
 //!
 //! Every case gets a fresh backend and must leave it holding nothing (`live().is_empty()`, and on
 //! Host no resident pool memory); the harness checks that after each case.
@@ -14,6 +16,8 @@
 #[macro_use]
 mod support;
 mod bytes;
+#[cfg(feature = "cuda")]
+mod cuda_init;
 mod emulated;
 mod host_only;
 mod lifecycle;
@@ -166,6 +170,8 @@ fn cuda_trials(trials: &mut Vec<Trial>) -> Option<String> {
     };
     let skipped = CudaBackend::new(0).err().map(|e| e.to_string());
     register(trials, &cuda, common_with_bytes(), skipped.is_some());
+    // Not ignored without a GPU: failing to construct is exactly what they test.
+    trials.extend(cuda_init::trials());
     skipped
 }
 

@@ -396,11 +396,20 @@ fn release_while_mapped_keeps_memory<B: Subject>(b: &B) -> TestResult {
     Ok(())
 }
 
+/// CUDA returns success for an unmap of a range that holds no mapping; every backend rejects it,
+/// and says `NotMapped` when nothing in the range was ever mapped (in its current reservation).
 fn unmap_never_mapped_rejected<B: Subject>(b: &B) -> TestResult {
     let g = b.granularity();
     let va = ok!(b.reserve(4 * g));
-    let h = ok!(b.create(g));
+    let h = ok!(b.create(2 * g));
     ok!(b.map(addr(va, g), g, h, 0));
+    // A map that was refused maps nothing, so it does not make its range "mapped once" either.
+    rejects!(
+        b,
+        Map,
+        b.map(va.start, 2 * g, h, 0),
+        E::AlreadyMapped { .. }
+    );
     for (at, len) in [
         (va.start, g),
         (addr(va, 2 * g), 2 * g),
@@ -416,23 +425,46 @@ fn unmap_never_mapped_rejected<B: Subject>(b: &B) -> TestResult {
     ok!(b.unmap(addr(va, g), g));
     ok!(b.release(h));
     ok!(b.free_reservation(va));
+    // Freeing the reservation forgets what was mapped in it: that range holds nothing now, and
+    // if it is reserved again, nothing will have been mapped there.
+    rejects!(b, Unmap, b.unmap(addr(va, g), g),
+        E::NotMapped { addr: a, .. } if *a == addr(va, g));
     Ok(())
 }
 
+/// A second unmap of the same range is `DoubleUnmap`, distinct from `NotMapped`: the range was
+/// mapped, and unmapped already.
 fn unmap_twice_rejected<B: Subject>(b: &B) -> TestResult {
     let g = b.granularity();
-    let va = ok!(b.reserve(2 * g));
+    let va = ok!(b.reserve(4 * g));
     let h = ok!(b.create(2 * g));
     ok!(b.map(va.start, 2 * g, h, 0));
     ok!(b.unmap(va.start, 2 * g));
     let err = rejects!(b, Unmap, b.unmap(va.start, 2 * g),
-        E::NotMapped { addr: a, .. } if *a == va.start);
+        E::DoubleUnmap { addr: a, len: l } if *a == va.start && *l == 2 * g);
     ensure!(err.is_caller_bug(), "a double unmap is a caller bug: {err}");
-    // Also once the handle is gone entirely.
+    ensure!(
+        !err.is_out_of_memory(),
+        "a double unmap is not out of memory: {err}"
+    );
+    // Either half of it, and a range that reaches past it into never-mapped space.
+    for (off, len) in [(0, g), (g, g), (g, 3 * g)] {
+        let at = addr(va, off);
+        rejects!(b, Unmap, b.unmap(at, len),
+            E::DoubleUnmap { addr: a, len: l } if *a == at && *l == len);
+    }
+    // The never-mapped rest of the reservation is still `NotMapped`.
+    rejects!(
+        b,
+        Unmap,
+        b.unmap(addr(va, 2 * g), 2 * g),
+        E::NotMapped { .. }
+    );
+    // Mapped again, the range unmaps normally, once; also once the handle is gone entirely.
     ok!(b.map(va.start, g, h, 0));
     ok!(b.release(h));
     ok!(b.unmap(va.start, g));
-    rejects!(b, Unmap, b.unmap(va.start, g), E::NotMapped { .. });
+    rejects!(b, Unmap, b.unmap(va.start, g), E::DoubleUnmap { .. });
     ok!(b.free_reservation(va));
     Ok(())
 }
@@ -490,7 +522,7 @@ fn unmap_covers_adjacent_mappings<B: Subject>(b: &B) -> TestResult {
         (0, 0),
         "mappings left after the unmap"
     );
-    rejects!(b, Unmap, b.unmap(va.start, 3 * g), E::NotMapped { .. });
+    rejects!(b, Unmap, b.unmap(va.start, 3 * g), E::DoubleUnmap { .. });
     ok!(b.release(h1));
     ok!(b.release(h2));
     ok!(b.free_reservation(va));

@@ -44,10 +44,15 @@ fn cu(call: impl FnOnce() -> CUresult) -> RawResult<()> {
     }
 }
 
+/// Whether the CUDA driver library (libcuda) can be loaded. Never panics.
+pub(super) fn library_present() -> bool {
+    // SAFETY: only tries to dlopen the library names cudarc knows; never calls into it.
+    unsafe { sys::is_culib_present() }
+}
+
 /// Checks that libcuda loads, initializes and has device `ordinal`; returns the device count.
 pub(super) fn probe(ordinal: usize) -> RawResult<u32> {
-    // SAFETY: only tries to dlopen the library names cudarc knows; never calls into it.
-    if !unsafe { sys::is_culib_present() } {
+    if !library_present() {
         return Err(E::NoDevice(
             "libcuda was not found (no NVIDIA driver on this machine); use the Host or Sim backend"
                 .into(),

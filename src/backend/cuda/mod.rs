@@ -40,6 +40,13 @@ impl CudaBackend {
         })
     }
 
+    /// Whether the CUDA driver library (libcuda) can be loaded on this machine, without calling
+    /// into it (so it never panics). False means [`CudaBackend::new`] will report that libcuda is
+    /// missing; true says nothing yet about devices.
+    pub fn driver_present() -> bool {
+        driver::library_present()
+    }
+
     /// The context this backend works in, to create streams and launch work with cudarc.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx

@@ -34,6 +34,39 @@ fn os(call: &'static str) -> impl Fn(Errno) -> E {
     }
 }
 
+/// Cuts the over-reservation `[raw, raw + padded)` down to the `len` bytes from its first
+/// `granularity`-aligned address, unmapping the head and the tail with `unmap`; returns that
+/// address. If a cut fails, the rest of the over-reservation is unmapped too, so a failed reserve
+/// leaves no address space behind.
+fn trim_to_alignment(
+    raw: usize,
+    padded: usize,
+    len: usize,
+    granularity: usize,
+    mut unmap: impl FnMut(usize, usize) -> Result<(), Errno>,
+) -> RawResult<usize> {
+    let base = raw.next_multiple_of(granularity);
+    let head = base - raw;
+    let tail = padded - head - len;
+    // A cut splits a mapping and can fail for want of kernel mappings (`vm.max_map_count`);
+    // unmapping what is left whole splits nothing, so the clean-up does not fail the same way
+    // (and if it did, there would be nothing more to try).
+    if head > 0 {
+        if let Err(e) = unmap(raw, head) {
+            let _ = unmap(raw, padded);
+            return Err(os("munmap")(e));
+        }
+    }
+    if tail > 0 {
+        if let Err(e) = unmap(base + len, tail) {
+            // Not from `raw`: the head is gone and may already be someone else's mapping.
+            let _ = unmap(base, len + tail);
+            return Err(os("munmap")(e));
+        }
+    }
+    Ok(base)
+}
+
 pub(crate) struct HostDevice {
     granularity: usize,
     capacity: usize,
@@ -130,19 +163,11 @@ impl RawDevice for HostDevice {
             Errno::NOMEM => E::AddressSpaceExhausted { requested: len },
             e => os("mmap")(e),
         })? as usize;
-        let base = raw.next_multiple_of(g);
-        let head = base - raw;
-        let tail = padded - head - len;
-        // SAFETY: both trimmed pieces lie inside the mapping just created, which nothing else
-        // knows about yet.
-        unsafe {
-            if head > 0 {
-                munmap(raw as *mut c_void, head).map_err(os("munmap"))?;
-            }
-            if tail > 0 {
-                munmap((base + len) as *mut c_void, tail).map_err(os("munmap"))?;
-            }
-        }
+        let base = trim_to_alignment(raw, padded, len, g, |at, n| {
+            // SAFETY: `trim_to_alignment` passes only pieces of the mapping just created, which
+            // nothing else knows about yet, and never a piece it already unmapped.
+            unsafe { munmap(at as *mut c_void, n) }
+        })?;
         self.reservations.insert(base as u64, len);
         Ok(base as u64)
     }
@@ -257,5 +282,78 @@ impl RawDevice for HostDevice {
             ptr::copy_nonoverlapping(src.cast::<u8>().cast_const(), out.as_mut_ptr(), out.len())
         };
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const G: usize = 0x1000;
+
+    /// Runs `trim_to_alignment` over a fake `unmap` whose `fail_at`-th call (0-based) fails;
+    /// returns the result and the ranges the calls that succeeded unmapped.
+    fn trim(
+        raw: usize,
+        len: usize,
+        fail_at: Option<usize>,
+    ) -> (RawResult<usize>, Vec<(usize, usize)>) {
+        let mut calls = 0;
+        let mut unmapped = Vec::new();
+        let result = trim_to_alignment(raw, len + G, len, G, |at, n| {
+            calls += 1;
+            if fail_at == Some(calls - 1) {
+                return Err(Errno::NOMEM);
+            }
+            unmapped.push((at, at + n));
+            Ok(())
+        });
+        unmapped.sort_unstable();
+        (result, unmapped)
+    }
+
+    /// Trims with the `fail_at`-th `unmap` failing, and checks that the reserve fails with the
+    /// `munmap` error and that the successful unmaps gave back the whole over-reservation exactly:
+    /// no gap (a leak), no byte twice (which could hit someone else's mapping).
+    fn assert_failure_gives_everything_back(raw: usize, len: usize, fail_at: usize) {
+        let (result, unmapped) = trim(raw, len, Some(fail_at));
+        assert!(
+            matches!(result, Err(E::Os { call: "munmap", .. })),
+            "raw {raw:#x}, unmap #{fail_at} failing: {result:?}"
+        );
+        let mut cursor = raw;
+        for &(a, b) in &unmapped {
+            assert_eq!(
+                a, cursor,
+                "raw {raw:#x}, unmap #{fail_at} failing: unmapped {unmapped:x?}"
+            );
+            cursor = b;
+        }
+        assert_eq!(
+            cursor,
+            raw + len + G,
+            "raw {raw:#x}, unmap #{fail_at} failing: unmapped only {unmapped:x?}"
+        );
+    }
+
+    #[test]
+    fn trim_keeps_the_aligned_middle() {
+        let (raw, len) = (0x10_0300, 4 * G);
+        let (result, unmapped) = trim(raw, len, None);
+        let base = 0x10_1000;
+        assert_eq!(result, Ok(base));
+        assert_eq!(unmapped, vec![(raw, base), (base + len, raw + len + G)]);
+    }
+
+    #[test]
+    fn failed_head_cut_unmaps_the_whole_over_reservation() {
+        assert_failure_gives_everything_back(0x10_0300, 4 * G, 0);
+    }
+
+    #[test]
+    fn failed_tail_cut_unmaps_the_rest() {
+        assert_failure_gives_everything_back(0x10_0300, 4 * G, 1);
+        // With an aligned `raw` there is no head: the tail cut is the first call.
+        assert_failure_gives_everything_back(0x10_0000, 4 * G, 0);
     }
 }
