@@ -62,6 +62,18 @@ impl<B: Backend> ClassicAllocator<B> {
         self.state.lock().conf.clone()
     }
 
+    /// Starts (or restarts) logging every device allocation (`cudaMalloc`): what a recorded
+    /// trace's `segment_alloc` entries are compared with.
+    pub fn log_segments(&self) {
+        self.state.lock().segment_log = Some(Vec::new());
+    }
+
+    /// The device allocations logged since [`ClassicAllocator::log_segments`], each as
+    /// (successful allocations before it, its size); empty when not logging.
+    pub fn segment_log(&self) -> Vec<(u64, usize)> {
+        self.state.lock().segment_log.clone().unwrap_or_default()
+    }
+
     /// `oversize_allocations` and `oversize_segments` (current): blocks and segments of at least
     /// `max_split_size` bytes.
     pub fn oversize(&self) -> (u64, u64) {

@@ -34,6 +34,11 @@ pub(crate) struct State<B: Backend> {
     /// `oversize_allocations`, `oversize_segments` (current).
     pub(crate) oversize_allocations: u64,
     pub(crate) oversize_segments: u64,
+    /// Successful `malloc`s so far.
+    pub(crate) mallocs: u64,
+    /// With [`ClassicAllocator::log_segments`](crate::ClassicAllocator::log_segments): every
+    /// device allocation as (mallocs before it, size).
+    pub(crate) segment_log: Option<Vec<(u64, usize)>>,
 }
 
 /// `max_split_size` as PyTorch holds it: unlimited when unset.
@@ -62,6 +67,8 @@ impl<B: Backend> State<B> {
             stats: MemoryStats::default(),
             oversize_allocations: 0,
             oversize_segments: 0,
+            mallocs: 0,
+            segment_log: None,
         })
     }
 
@@ -117,6 +124,7 @@ impl<B: Backend> State<B> {
             return Err(self.oom(alloc_size));
         };
         let split = self.should_split(id, size);
+        self.mallocs += 1;
         Ok(self.alloc_found_block(id, size, orig_size, split))
     }
 
@@ -277,6 +285,9 @@ impl<B: Backend> State<B> {
             self.oversize_segments += 1;
         }
         self.stats.num_device_alloc += 1;
+        if let Some(log) = &mut self.segment_log {
+            log.push((self.mallocs, alloc_size));
+        }
         Ok(Some(id))
     }
 

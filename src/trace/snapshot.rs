@@ -68,6 +68,18 @@ pub struct DeviceTrace {
     pub trace: Trace,
     /// How the runs of segment releases were classified (Note [Release runs]).
     pub release_runs: ReleaseRuns,
+    /// The traced allocator's `segment_alloc` entries, in order: what a faithful replay of the
+    /// classic allocator must reproduce.
+    pub segment_allocs: Vec<SegmentAllocAt>,
+}
+
+/// One recorded `segment_alloc` (a `cudaMalloc` of the traced program's allocator).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SegmentAllocAt {
+    /// `alloc` entries before it in the trace: the allocation it was made for is that ordinal.
+    pub allocs_before: u64,
+    /// Its size in bytes.
+    pub size: u64,
 }
 
 /// Runs of consecutive `segment_free`/`segment_unmap` entries, by kind (Note [Release runs]).
@@ -530,6 +542,8 @@ fn device_trace(
     let mut mapped = RangeSet::default();
     let mut orphan_seg_releases = 0u64;
     let (mut segment_allocs, mut segment_frees) = (0u64, 0u64);
+    let mut segment_alloc_log = Vec::new();
+    let mut allocs_seen = 0u64;
 
     for (i, e) in entries.iter().enumerate() {
         let run_starts =
@@ -552,6 +566,7 @@ fn device_trace(
         let no_addr = || format!("entry {i}: {:?} without an address", e.action);
         match e.action {
             Action::Alloc => {
+                allocs_seen += 1;
                 first_alloc.get_or_insert(i);
                 add(e.size)?;
                 let id = next_id;
@@ -578,6 +593,10 @@ fn device_trace(
                 segment_allocs += 1;
                 seg_series.push((i, delta));
                 if e.action == Action::SegmentAlloc {
+                    segment_alloc_log.push(SegmentAllocAt {
+                        allocs_before: allocs_seen,
+                        size: e.size,
+                    });
                     seg_live.insert(e.addr, e.size);
                 } else {
                     let (lo, hi) = granules(e.addr.ok_or_else(no_addr)?, e.size);
@@ -657,6 +676,7 @@ fn device_trace(
         device: dev,
         trace,
         release_runs: runs,
+        segment_allocs: segment_alloc_log,
     })
 }
 

@@ -3,6 +3,7 @@
 //! real snapshot in `shared/traces/pytorch` (a visible skip when that folder is absent).
 
 mod dump;
+mod classic_faithfulness;
 mod faithfulness;
 mod json;
 mod pickle_hostile;
