@@ -14,7 +14,10 @@
 mod blocks;
 mod device;
 mod release;
+mod seed;
 mod state;
+
+pub use seed::SeedBlock;
 
 use parking_lot::Mutex;
 
@@ -65,11 +68,33 @@ impl<B: Backend> ClassicAllocator<B> {
     /// Starts (or restarts) logging every device allocation (`cudaMalloc`): what a recorded
     /// trace's `segment_alloc` entries are compared with.
     pub fn log_segments(&self) {
-        self.state.lock().segment_log = Some(Vec::new());
+        let mut s = self.state.lock();
+        s.segment_log = Some(Vec::new());
+        s.segment_log_base = s.mallocs;
+    }
+
+    /// Starts from a recorded state: one device allocation of `size` bytes on `stream` in the
+    /// small or large pool, with `blocks` (offset, block size, bytes requested; sorted, disjoint,
+    /// multiples of 512) allocated in it and the gaps cached as free blocks, as a traced program's
+    /// allocator had them. Returns the allocations in the order given; on error nothing changed.
+    pub fn seed_segment(
+        &self,
+        size: usize,
+        stream: StreamId,
+        small: bool,
+        blocks: &[SeedBlock],
+    ) -> Result<Vec<Allocation>, AllocError> {
+        let kind = if small {
+            crate::stats::PoolKind::Small
+        } else {
+            crate::stats::PoolKind::Large
+        };
+        self.state.lock().seed_segment(size, stream, kind, blocks)
     }
 
     /// The device allocations logged since [`ClassicAllocator::log_segments`], each as
-    /// (successful allocations before it, its size); empty when not logging.
+    /// (successful allocations since the log started before it, its size); empty when not
+    /// logging.
     pub fn segment_log(&self) -> Vec<(u64, usize)> {
         self.state.lock().segment_log.clone().unwrap_or_default()
     }

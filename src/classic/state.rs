@@ -39,6 +39,8 @@ pub(crate) struct State<B: Backend> {
     /// With [`ClassicAllocator::log_segments`](crate::ClassicAllocator::log_segments): every
     /// device allocation as (mallocs before it, size).
     pub(crate) segment_log: Option<Vec<(u64, usize)>>,
+    /// `mallocs` when the log started: logged ordinals count from there.
+    pub(crate) segment_log_base: u64,
 }
 
 /// `max_split_size` as PyTorch holds it: unlimited when unset.
@@ -69,6 +71,7 @@ impl<B: Backend> State<B> {
             oversize_segments: 0,
             mallocs: 0,
             segment_log: None,
+            segment_log_base: 0,
         })
     }
 
@@ -286,9 +289,19 @@ impl<B: Backend> State<B> {
         }
         self.stats.num_device_alloc += 1;
         if let Some(log) = &mut self.segment_log {
-            log.push((self.mallocs, alloc_size));
+            log.push((self.mallocs - self.segment_log_base, alloc_size));
         }
         Ok(Some(id))
+    }
+
+    /// A segment for [`State::seed_segment`]: `alloc_block` without a retry.
+    pub(crate) fn alloc_block_for_seed(
+        &mut self,
+        kind: PoolKind,
+        stream: StreamId,
+        size: usize,
+    ) -> Result<Option<BlockId>, AllocError> {
+        self.alloc_block(kind, stream, size, false)
     }
 
     /// One `cudaMalloc`, its backend calls counted by kind.
@@ -296,7 +309,7 @@ impl<B: Backend> State<B> {
         device_alloc(&self.backend, &mut self.stats, size, &self.access)
     }
 
-    fn oom(&mut self, alloc_size: usize) -> AllocError {
+    pub(crate) fn oom(&mut self, alloc_size: usize) -> AllocError {
         let free = track(&mut self.stats, CallKind::MemInfo, self.backend.mem_info())
             .map(|i| i.free as u64)
             .unwrap_or(0);

@@ -11,6 +11,7 @@ pub mod pickle;
 pub mod replay;
 pub mod rmm_csv;
 pub mod snapshot;
+pub mod start_segments;
 pub mod workloads;
 
 use std::fmt;

@@ -53,7 +53,8 @@ use std::path::Path;
 
 use super::pickle::{self, Value};
 use super::{Event, InitialBlock, Recorded, StartState, Trace, TraceError};
-use crate::config::parse_alloc_conf;
+use crate::config::{parse_alloc_conf, round_size, ROUNDUP_INTERVALS};
+use crate::trace::start_segments::{start_segments, DumpSegment, StartSegment};
 
 /// More devices than any machine has: segments naming more are a corrupt file, and refusing them
 /// keeps the per-device work bounded.
@@ -71,6 +72,11 @@ pub struct DeviceTrace {
     /// The traced allocator's `segment_alloc` entries, in order: what a faithful replay of the
     /// classic allocator must reproduce.
     pub segment_allocs: Vec<SegmentAllocAt>,
+    /// The traced allocator's segments when recording began, with the blocks live in them.
+    pub start_segments: Vec<StartSegment>,
+    /// Where the traced allocator released its cache to retry a failed `cudaMalloc` (runs of
+    /// [`ReleaseRuns::alloc_retry`]): the number of `alloc` entries before each run.
+    pub retry_runs: Vec<u64>,
 }
 
 /// One recorded `segment_alloc` (a `cudaMalloc` of the traced program's allocator).
@@ -443,6 +449,49 @@ fn dump_state(dev: u64, segments: &[Value], work: &mut Work) -> Result<DumpState
     Ok((blocks, reserved, any))
 }
 
+/// The device's segments at the dump, with the sizes of their live blocks. Only what the
+/// state-reading pass (`dump_state`) already validated is read here, so nothing fails.
+fn dump_segments(dev: u64, segments: &[Value]) -> Vec<DumpSegment> {
+    let mut out = Vec::new();
+    for s in segments {
+        let on_dev = s
+            .get("device")
+            .and_then(Value::as_i128)
+            .unwrap_or(i128::from(dev))
+            == i128::from(dev);
+        let (Some(address), Ok(size)) = (addr_field(s, "address"), size_field(s, "total_size"))
+        else {
+            continue;
+        };
+        if !on_dev {
+            continue;
+        }
+        let small = match s.get("segment_type").and_then(Value::as_str) {
+            Some(kind) => kind == "small",
+            None => size == 2 << 20,
+        };
+        let mut live = HashMap::new();
+        let mut offset: i128 = 0;
+        for b in s.get("blocks").and_then(Value::as_seq).unwrap_or(&[]) {
+            let bsize = size_field(b, "size").unwrap_or(0);
+            let at = addr_field(b, "address").unwrap_or(address.saturating_add(offset));
+            offset = offset.saturating_add(i128::from(bsize));
+            let state = b.get("state").and_then(Value::as_str).unwrap_or("");
+            if state.starts_with("active") {
+                live.insert(at, bsize);
+            }
+        }
+        out.push(DumpSegment {
+            address,
+            size,
+            stream: stream_field(s),
+            small,
+            live,
+        });
+    }
+    out
+}
+
 /// Classifies the release run that ends at `entries[end]` (Note [Release runs]).
 fn classify_run(entries: &[Entry<'_>], end: usize) -> RunKind {
     let next = entries.get(end + 1);
@@ -497,13 +546,17 @@ fn device_trace(
 
     // Blocks live at the start: undo the trace from the dump backwards.
     let mut start = dump_blocks;
+    // Addresses the trace allocated or freed: a block there at the start is not the dump's.
+    let mut touched = std::collections::HashSet::new();
     for e in entries.iter().rev() {
         match e.action {
             Action::Alloc => {
                 start.remove(&e.addr);
+                touched.insert(e.addr);
             }
             Action::FreeCompleted => {
                 start.insert(e.addr, (e.size, e.stream));
+                touched.insert(e.addr);
             }
             _ => {}
         }
@@ -528,6 +581,31 @@ fn device_trace(
         });
         initial_at.insert(addr, id as u64);
     }
+    let divisions = alloc_conf
+        .as_deref()
+        .and_then(|c| parse_alloc_conf(c).ok())
+        .map_or([0; ROUNDUP_INTERVALS], |c| c.roundup_power2_divisions);
+    let live_at_start: Vec<_> = start
+        .iter()
+        .enumerate()
+        .filter_map(|(id, &(addr, (size, _)))| {
+            Some((addr?, id as u64, size, !touched.contains(&addr)))
+        })
+        .collect();
+    let segment_events: Vec<_> = entries
+        .iter()
+        .filter_map(|e| match e.action {
+            Action::SegmentAlloc => Some((true, e.addr?, e.size, e.stream)),
+            Action::SegmentFree => Some((false, e.addr?, e.size, e.stream)),
+            _ => None,
+        })
+        .collect();
+    let start_segs = start_segments(
+        &dump_segments(dev, segments),
+        &segment_events,
+        &live_at_start,
+        |requested| round_size(requested as usize, &divisions).map_or(requested, |r| r as u64),
+    );
 
     let mut next_id = initial.len() as u64;
     let mut events = Vec::with_capacity(entries.len() / 2);
@@ -543,6 +621,7 @@ fn device_trace(
     let mut orphan_seg_releases = 0u64;
     let (mut segment_allocs, mut segment_frees) = (0u64, 0u64);
     let mut segment_alloc_log = Vec::new();
+    let mut retry_runs = Vec::new();
     let mut allocs_seen = 0u64;
 
     for (i, e) in entries.iter().enumerate() {
@@ -558,7 +637,10 @@ fn device_trace(
                     runs.empty_cache += 1;
                     events.push(Event::EmptyCache);
                 }
-                RunKind::AllocRetry => runs.alloc_retry += 1,
+                RunKind::AllocRetry => {
+                    runs.alloc_retry += 1;
+                    retry_runs.push(allocs_seen);
+                }
                 RunKind::BeforeOom => runs.before_oom += 1,
             }
         }
@@ -677,6 +759,8 @@ fn device_trace(
         trace,
         release_runs: runs,
         segment_allocs: segment_alloc_log,
+        start_segments: start_segs,
+        retry_runs,
     })
 }
 

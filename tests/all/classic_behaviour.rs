@@ -152,6 +152,20 @@ fn large_blocks_split_only_leaving_more_than_a_mib() {
 }
 
 #[test]
+fn a_large_block_splits_only_when_more_than_one_mib_remains() {
+    let alloc = classic(&sim(1 << 30), "");
+    // 19 MiB in a 20 MiB segment leaves exactly 1 MiB: not split, the block is 20 MiB.
+    let a = alloc.allocate(19 * MB, S0).unwrap();
+    assert_eq!(a.size(), 20 * MB);
+    alloc.deallocate(a).unwrap();
+    // 512 bytes less leaves 1 MiB + 512: split.
+    let b = alloc.allocate(19 * MB - 512, S0).unwrap();
+    assert_eq!(b.size(), 19 * MB - 512);
+    assert_eq!(alloc.snapshot().segments[0].blocks.len(), 2);
+    alloc.deallocate(b).unwrap();
+}
+
+#[test]
 fn freed_memory_is_reused_on_its_stream_only() {
     let alloc = classic(&sim(1 << 30), "");
     let other = StreamId::sim(3);

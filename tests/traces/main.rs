@@ -2,8 +2,8 @@
 //! reader on synthetic snapshots, and its figures against `shared/tools/trace_summary.py` on every
 //! real snapshot in `shared/traces/pytorch` (a visible skip when that folder is absent).
 
-mod dump;
 mod classic_faithfulness;
+mod dump;
 mod faithfulness;
 mod json;
 mod pickle_hostile;
