@@ -2,6 +2,7 @@
 
 mod classic_behaviour;
 mod expandable_behaviour;
-mod expandable_model;
+mod expandable_regressions;
+mod model;
 mod pytorch_parity;
 mod replay;

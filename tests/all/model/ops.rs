@@ -1,0 +1,391 @@
+//! The operations of the state machine and the loop that applies them to the allocator and to the
+//! model, checking everything after each step.
+
+use proptest::prelude::*;
+use vmm_alloc::backend::{Backend, PhysHandle};
+use vmm_alloc::config::Config;
+use vmm_alloc::{AllocError, Allocator, DevAddr, ExpandableAllocator, MemoryStats, StreamId};
+
+use super::observed::{Controls, Observed};
+use super::reference::{no_overlap, Live, Model};
+
+const STREAMS: u64 = 3;
+
+/// An input the allocator must refuse without changing anything.
+#[derive(Clone, Copy, Debug)]
+pub enum Bad {
+    /// An address no allocation ever had.
+    Foreign,
+    /// An address inside a live allocation.
+    Interior,
+    /// The address of the allocation freed last, freed again.
+    DoubleFree,
+    ZeroSize,
+    HugeSize,
+    /// `record_stream` on a foreign address.
+    RecordForeign,
+}
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    Alloc {
+        size: usize,
+        stream: u64,
+    },
+    /// Picks are small and taken modulo the live count, so they shrink to 0.
+    Free {
+        pick: usize,
+    },
+    RecordStream {
+        pick: usize,
+        stream: u64,
+    },
+    Hold {
+        stream: u64,
+    },
+    Release {
+        stream: u64,
+    },
+    EmptyCache,
+    /// Another user of the device takes `mb` MiB (capacity pressure mid-sequence).
+    Squeeze {
+        mb: usize,
+    },
+    /// ... and gives its latest handle back.
+    Unsqueeze,
+    Invalid {
+        bad: Bad,
+        pick: usize,
+    },
+}
+
+fn size_strategy() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        4 => 1usize..=(1 << 20),
+        3 => (1usize << 20)..(10 << 20),
+        2 => (10usize << 20)..(48 << 20),
+    ]
+}
+
+pub fn op_strategy() -> impl Strategy<Value = Op> {
+    let bad = prop_oneof![
+        Just(Bad::Foreign),
+        Just(Bad::Interior),
+        Just(Bad::DoubleFree),
+        Just(Bad::ZeroSize),
+        Just(Bad::HugeSize),
+        Just(Bad::RecordForeign),
+    ];
+    prop_oneof![
+        10 => (size_strategy(), 0..STREAMS).prop_map(|(size, stream)| Op::Alloc { size, stream }),
+        7 => (0usize..64).prop_map(|pick| Op::Free { pick }),
+        2 => (0usize..64, 0..STREAMS).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
+        2 => (0..STREAMS).prop_map(|stream| Op::Hold { stream }),
+        1 => (0..STREAMS).prop_map(|stream| Op::Release { stream }),
+        1 => Just(Op::EmptyCache),
+        1 => (1usize..40).prop_map(|mb| Op::Squeeze { mb }),
+        1 => Just(Op::Unsqueeze),
+        1 => (bad, 0usize..64).prop_map(|(bad, pick)| Op::Invalid { bad, pick }),
+    ]
+}
+
+pub fn config_strategy() -> impl Strategy<Value = Config> {
+    prop_oneof![
+        Just(Config::default()),
+        Just(Config::pytorch_expandable()),
+        Just(Config {
+            large_page: 2 << 20,
+            ..Config::default()
+        }),
+        Just(Config {
+            handle_cache_limit: 64 << 20,
+            ..Config::default()
+        }),
+    ]
+}
+
+/// The pattern byte at offset `off` of allocation `id`.
+fn pattern(id: u64, off: usize) -> u8 {
+    (id.wrapping_mul(0x9E37_79B9)
+        .wrapping_add(off as u64 * 7)
+        .wrapping_add((off >> 12) as u64 * 13)
+        % 251) as u8
+}
+
+/// The spans of an allocation that carry its pattern: the first and last 64 bytes of every 4 KiB
+/// page of the requested bytes. A page mapped wrongly, remapped under a live block or written by
+/// a neighbour shows in one of them.
+fn spans(len: usize) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut page = 0;
+    while page < len {
+        let end = (page + 4096).min(len);
+        out.push((page, (end - page).min(64)));
+        if end - page > 64 {
+            let from = (end - 64).max(page + 64);
+            out.push((from, end - from));
+        }
+        page = end;
+    }
+    out
+}
+
+fn stamp<B: Backend>(b: &B, l: &Live) -> Result<(), TestCaseError> {
+    for (off, n) in spans(l.alloc.requested()) {
+        let data: Vec<u8> = (off..off + n).map(|o| pattern(l.id, o)).collect();
+        b.write(DevAddr::new(l.alloc.ptr().get() + off as u64), &data)
+            .map_err(|e| TestCaseError::fail(format!("write: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Checks the spans of `l` whose index is `phase` modulo `every` (1 = all of them): each step
+/// checks an eighth, so every span is checked within eight steps, and all before each free.
+fn verify<B: Backend>(b: &B, l: &Live, phase: usize, every: usize) -> Result<(), TestCaseError> {
+    for (i, (off, n)) in spans(l.alloc.requested()).into_iter().enumerate() {
+        if i % every != phase % every {
+            continue;
+        }
+        let mut out = vec![0u8; n];
+        b.read(DevAddr::new(l.alloc.ptr().get() + off as u64), &mut out)
+            .map_err(|e| TestCaseError::fail(format!("read: {e}")))?;
+        let bad = out
+            .iter()
+            .enumerate()
+            .find(|&(j, &x)| x != pattern(l.id, off + j));
+        prop_assert!(
+            bad.is_none(),
+            "data of allocation {} changed at offset {}",
+            l.id,
+            off + bad.map_or(0, |x| x.0)
+        );
+    }
+    Ok(())
+}
+
+/// What a sequence reached, for `sequences_reach_the_interesting_states`.
+pub struct Reached {
+    pub stats: MemoryStats,
+    pub pending_held: u64,
+    pub blocked_reuse: u64,
+    pub synced_before_unmap: u64,
+    pub squeezed_ooms: u64,
+}
+
+fn fail(step: usize, e: impl std::fmt::Display) -> TestCaseError {
+    TestCaseError::fail(format!("step {step}: {e}"))
+}
+
+pub fn run<B: Controls>(inner: B, config: Config, ops: &[Op]) -> Result<Reached, TestCaseError> {
+    let backend = Observed::new(inner);
+    let bytes = backend
+        .capabilities()
+        .contains(vmm_alloc::backend::Capabilities::BYTES);
+    let alloc = ExpandableAllocator::new(backend.clone(), config).map_err(|e| fail(0, e))?;
+    let mut model = Model::default();
+    let mut held: Vec<StreamId> = Vec::new();
+    let mut taken: Vec<PhysHandle> = Vec::new();
+    let mut last_freed: Option<DevAddr> = None;
+    let mut squeezed_ooms = 0;
+    let gen = |s: StreamId| backend.inner.generation(s);
+    for (step, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Alloc { size, stream } => {
+                let stream = StreamId::sim(stream);
+                let gens: Vec<u64> = (0..STREAMS).map(|s| gen(StreamId::sim(s))).collect();
+                let retries = alloc.stats().num_alloc_retries;
+                let result = alloc.allocate(size, stream);
+                // The allocator looked at its events first, then (on the last-resort retry)
+                // waited for every stream its pending frees wait on.
+                model.process(|s| gens[s.raw() as usize]);
+                if alloc.stats().num_alloc_retries > retries {
+                    model.process_all();
+                }
+                match result {
+                    Ok(a) => {
+                        let (s, e) = (a.ptr().get(), a.ptr().get() + a.size() as u64);
+                        prop_assert!(
+                            !model.overlaps_pending(s, e),
+                            "step {step}: {:?} reuses memory still in use by another stream",
+                            a.ptr()
+                        );
+                        model.note_blocked(stream, a.size());
+                        let l = Live {
+                            alloc: a,
+                            id: step as u64,
+                            uses: Vec::new(),
+                        };
+                        if bytes {
+                            stamp(&backend, &l)?;
+                        }
+                        model.live.push(l);
+                        if last_freed == Some(DevAddr::new(s)) {
+                            last_freed = None;
+                        }
+                    }
+                    Err(e) => {
+                        prop_assert!(e.is_out_of_memory(), "step {step}: {e}");
+                        squeezed_ooms += !taken.is_empty() as u64;
+                    }
+                }
+            }
+            Op::Free { pick } => {
+                if model.live.is_empty() {
+                    continue;
+                }
+                let l = model.live.swap_remove(pick % model.live.len());
+                if bytes {
+                    verify(&backend, &l, 0, 1).map_err(|e| fail(step, e))?;
+                }
+                alloc
+                    .deallocate_ptr(l.alloc.ptr())
+                    .map_err(|e| fail(step, e))?;
+                last_freed = Some(l.alloc.ptr());
+                model.freed(l, &held, gen);
+            }
+            Op::RecordStream { pick, stream } => {
+                if model.live.is_empty() {
+                    continue;
+                }
+                let i = pick % model.live.len();
+                let (s, l) = (StreamId::sim(stream), &mut model.live[i]);
+                alloc
+                    .record_stream(l.alloc.ptr(), s)
+                    .map_err(|e| fail(step, e))?;
+                if s != l.alloc.stream() && !l.uses.contains(&s) {
+                    l.uses.push(s);
+                }
+            }
+            Op::Hold { stream } => {
+                backend.inner.hold(StreamId::sim(stream));
+                if !held.contains(&StreamId::sim(stream)) {
+                    held.push(StreamId::sim(stream));
+                }
+            }
+            Op::Release { stream } => {
+                let s = StreamId::sim(stream);
+                backend.inner.unhold(s);
+                held.retain(|&h| h != s);
+                model.released(s);
+            }
+            Op::EmptyCache => {
+                alloc.empty_cache().map_err(|e| fail(step, e))?;
+                model.process_all();
+            }
+            Op::Squeeze { mb } => {
+                let len = (mb << 20).next_multiple_of(backend.granularity());
+                match backend.inner.create(len) {
+                    Ok(h) => taken.push(h),
+                    Err(e) => prop_assert!(e.is_out_of_memory(), "step {step}: {e}"),
+                }
+            }
+            Op::Unsqueeze => {
+                if let Some(h) = taken.pop() {
+                    backend.inner.release(h).map_err(|e| fail(step, e))?;
+                }
+            }
+            Op::Invalid { bad, pick } => {
+                refused(&alloc, &model, bad, pick, last_freed).map_err(|e| fail(step, e))?
+            }
+        }
+        let seen = std::mem::take(&mut backend.log().seen);
+        model.device_calls(&seen).map_err(|e| fail(step, e))?;
+        check_step(&alloc, &backend, &mut model, step, bytes)?;
+    }
+    let reached = Reached {
+        stats: alloc.stats(),
+        pending_held: model.pending_held,
+        blocked_reuse: model.blocked_reuse,
+        synced_before_unmap: model.synced_before_unmap,
+        squeezed_ooms,
+    };
+    // Teardown: free everything, empty the cache, drop: the backend holds nothing.
+    for h in taken {
+        backend.inner.release(h).map_err(|e| fail(ops.len(), e))?;
+    }
+    for l in model.live.drain(..) {
+        alloc.deallocate(l.alloc).map_err(|e| fail(ops.len(), e))?;
+    }
+    alloc.empty_cache().map_err(|e| fail(ops.len(), e))?;
+    let stats = alloc.stats();
+    prop_assert_eq!(stats.reserved_bytes.all.current, 0);
+    prop_assert_eq!(stats.active_bytes.all.current, 0);
+    drop(alloc);
+    let left = backend.inner.live();
+    prop_assert!(left.is_empty(), "leaked after teardown: {}", left);
+    Ok(reached)
+}
+
+/// A bad input gives the right error and changes nothing: stats (call counts too) and snapshot
+/// are equal before and after.
+fn refused<B: Controls>(
+    alloc: &ExpandableAllocator<Observed<B>>,
+    model: &Model,
+    bad: Bad,
+    pick: usize,
+    last_freed: Option<DevAddr>,
+) -> Result<(), String> {
+    let (stats, snap) = (alloc.stats(), alloc.snapshot());
+    let foreign = DevAddr::new(0x1234_5600);
+    let result = match bad {
+        Bad::Foreign => alloc.deallocate_ptr(foreign),
+        Bad::RecordForeign => alloc.record_stream(foreign, StreamId::sim(1)),
+        Bad::Interior => {
+            let Some(l) = model.live.get(pick % model.live.len().max(1)) else {
+                return Ok(());
+            };
+            let inside = DevAddr::new(l.alloc.ptr().get() + (l.alloc.size() / 2).max(1) as u64);
+            alloc.deallocate_ptr(inside)
+        }
+        Bad::DoubleFree => {
+            let Some(p) = last_freed else { return Ok(()) };
+            match alloc.deallocate_ptr(p) {
+                Err(AllocError::DoubleFree(_)) => Err(AllocError::DoubleFree(p)),
+                other => return Err(format!("double free of {p:?} gave {other:?}")),
+            }
+        }
+        Bad::ZeroSize => alloc.allocate(0, StreamId::DEFAULT).map(drop),
+        Bad::HugeSize => alloc.allocate(usize::MAX, StreamId::DEFAULT).map(drop),
+    };
+    if result.is_ok() {
+        return Err(format!("{bad:?} was accepted"));
+    }
+    if alloc.stats() != stats || alloc.snapshot() != snap {
+        return Err(format!("{bad:?} changed the allocator's state"));
+    }
+    Ok(())
+}
+
+fn check_step<B: Controls>(
+    alloc: &ExpandableAllocator<Observed<B>>,
+    backend: &Observed<B>,
+    model: &mut Model,
+    step: usize,
+    bytes: bool,
+) -> Result<(), TestCaseError> {
+    alloc.check_invariants().map_err(|e| fail(step, e))?;
+    let (stats, snap) = (alloc.stats(), alloc.snapshot());
+    model.check_stats(&stats).map_err(|e| fail(step, e))?;
+    {
+        let log = backend.log();
+        prop_assert_eq!(
+            log.mapped.values().sum::<usize>(),
+            backend.inner.live().mapped_bytes,
+            "step {}: the observed mappings lost track",
+            step
+        );
+        model
+            .check_mapped(&stats, &snap, &log)
+            .map_err(|e| fail(step, e))?;
+    }
+    model
+        .check_snapshot(&stats, &snap)
+        .map_err(|e| fail(step, e))?;
+    no_overlap(&model.live).map_err(|e| fail(step, e))?;
+    if bytes {
+        for l in &model.live {
+            verify(backend, l, step, 8).map_err(|e| fail(step, e))?;
+        }
+    }
+    Ok(())
+}
