@@ -6,6 +6,7 @@
 //! frees, so replay never depends on where the traced allocator put things.
 
 pub mod dump;
+pub mod faithfulness;
 pub mod native;
 pub mod pickle;
 pub mod replay;

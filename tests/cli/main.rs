@@ -1,6 +1,7 @@
 //! `vmm-replay` as a user runs it: the binary, its output and its exit codes.
 
 mod bad_input;
+mod check_classic;
 mod outputs;
 
 use std::path::PathBuf;

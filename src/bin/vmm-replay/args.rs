@@ -57,6 +57,11 @@ pub struct Args {
     /// Ignore the traced program's recorded PYTORCH_CUDA_ALLOC_CONF.
     #[arg(long)]
     pub ignore_trace_settings: bool,
+    /// Instead of comparing allocators, check that our classic allocator is PyTorch's: replay
+    /// each snapshot through it and compare its cudaMallocs with the recorded ones. Exit code 1
+    /// if any trace diverges.
+    #[arg(long)]
+    pub check_classic: bool,
     /// Write the replay through one allocator (see --dump-allocator) as a PyTorch memory
     /// snapshot that pytorch.org/memory_viz opens: its history and final state. With several
     /// traces, one file each: NAME-TRACE.pickle.

@@ -3,6 +3,7 @@
 //! against each allocator on the Sim backend, and reports how much memory each needed.
 
 mod args;
+mod check;
 mod load;
 mod plot;
 mod report;
@@ -36,6 +37,16 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> Result<(), String> {
+    if args.check_classic {
+        let capacity = usize::try_from(args.capacity).unwrap_or(usize::MAX);
+        let (report, exact) = check::run(&args.files, capacity)?;
+        print!("{report}");
+        return if exact {
+            Ok(())
+        } else {
+            Err("the classic allocator diverged from the recorded one (see the table)".into())
+        };
+    }
     let policies = policies(&args.allocators)?;
     let dumped = dumped_policy(args, &policies)?;
     let capacity = usize::try_from(args.capacity)
