@@ -31,6 +31,23 @@ pub(crate) struct Block {
 }
 
 impl Block {
+    /// A free, unsplit block: a new segment, or a piece about to be linked into one.
+    pub(crate) fn free(ptr: u64, size: usize, stream: StreamId, pool: PoolKind) -> Block {
+        Block {
+            ptr,
+            size,
+            requested: 0,
+            stream,
+            pool,
+            allocated: false,
+            prev: None,
+            next: None,
+            event_count: 0,
+            stream_uses: Vec::new(),
+            gc_count_base: 0,
+        }
+    }
+
     /// `is_split()`: the block shares its segment with others.
     pub(crate) fn is_split(&self) -> bool {
         self.prev.is_some() || self.next.is_some()

@@ -195,20 +195,23 @@ impl<B: Backend> State<B> {
     }
 
     fn release_blocks(&mut self, kind: PoolKind) -> Result<(), AllocError> {
+        for id in self.unsplit_free(kind) {
+            self.release_block(id)?;
+        }
+        Ok(())
+    }
+
+    /// The free blocks of a pool that are whole segments, in pool order.
+    fn unsplit_free(&self, kind: PoolKind) -> Vec<BlockId> {
         let pool = match kind {
             PoolKind::Small => &self.small,
             PoolKind::Large => &self.large,
         };
-        let whole: Vec<BlockId> = pool
-            .blocks
+        pool.blocks
             .iter()
             .map(|&(_, _, _, id)| id)
             .filter(|&id| !self.blocks.at(id).is_split())
-            .collect();
-        for id in whole {
-            self.release_block(id)?;
-        }
-        Ok(())
+            .collect()
     }
 
     /// `release_block`: `cudaFree` of a free, unsplit block (a whole segment).
@@ -281,13 +284,7 @@ impl<B: Backend> State<B> {
         let target = self.total_allocated_memory - gc_threshold;
         let clock = self.large.get_free_blocks_call_count;
         let age = |s: &Self, id: BlockId| (clock - s.blocks.at(id).gc_count_base) as f64;
-        let freeable: Vec<BlockId> = self
-            .large
-            .blocks
-            .iter()
-            .map(|&(_, _, _, id)| id)
-            .filter(|&id| !self.blocks.at(id).is_split())
-            .collect();
+        let freeable = self.unsplit_free(PoolKind::Large);
         let mut total_age: f64 = freeable.iter().map(|&id| age(self, id)).sum();
         let mut count = freeable.len();
         let mut reclaimed = 0;
@@ -295,14 +292,7 @@ impl<B: Backend> State<B> {
         while reclaimed < target && freed_one && count > 0 {
             let threshold = total_age / count as f64;
             freed_one = false;
-            let pass: Vec<BlockId> = self
-                .large
-                .blocks
-                .iter()
-                .map(|&(_, _, _, id)| id)
-                .filter(|&id| !self.blocks.at(id).is_split())
-                .collect();
-            for id in pass {
+            for id in self.unsplit_free(PoolKind::Large) {
                 let a = age(self, id);
                 if a >= threshold {
                     freed_one = true;

@@ -59,19 +59,8 @@ impl<B: Backend> State<B> {
             let id = if i == 0 {
                 first
             } else {
-                self.blocks.insert(Block {
-                    ptr: base + offset as u64,
-                    size: len,
-                    requested: 0,
-                    stream,
-                    pool: kind,
-                    allocated: false,
-                    prev: None,
-                    next: None,
-                    event_count: 0,
-                    stream_uses: Vec::new(),
-                    gc_count_base: 0,
-                })
+                self.blocks
+                    .insert(Block::free(base + offset as u64, len, stream, kind))
             };
             let b = self.blocks.at_mut(id);
             b.size = len;

@@ -180,17 +180,9 @@ impl<B: Backend> State<B> {
             let remaining_id = id;
             let r = self.blocks.at(remaining_id).clone();
             let front = Block {
-                ptr: r.ptr,
-                size,
-                requested: 0,
-                stream: r.stream,
-                pool: r.pool,
-                allocated: false,
                 prev: r.prev,
                 next: Some(remaining_id),
-                event_count: 0,
-                stream_uses: Vec::new(),
-                gc_count_base: 0,
+                ..Block::free(r.ptr, size, r.stream, r.pool)
             };
             id = self.blocks.insert(front);
             if let Some(p) = r.prev {
@@ -269,19 +261,9 @@ impl<B: Backend> State<B> {
         let ptr = seg.va.start.get();
         self.segments.insert(ptr, seg);
         self.total_allocated_memory += alloc_size;
-        let id = self.blocks.insert(Block {
-            ptr,
-            size: alloc_size,
-            requested: 0,
-            stream,
-            pool: kind,
-            allocated: false,
-            prev: None,
-            next: None,
-            event_count: 0,
-            stream_uses: Vec::new(),
-            gc_count_base: 0,
-        });
+        let id = self
+            .blocks
+            .insert(Block::free(ptr, alloc_size, stream, kind));
         self.stats.segment.increase(kind, 1);
         self.stats.reserved_bytes.increase(kind, alloc_size as u64);
         if alloc_size >= max_split(&self.conf) {
