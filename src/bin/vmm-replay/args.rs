@@ -10,7 +10,7 @@ use clap::Parser;
 /// With no FILES, the built-in workloads run (transformer training, inference with a growing KV
 /// cache, varying batch sizes, RMM-style random allocations): see --workload.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(version)]
 pub struct Args {
     /// Trace files: PyTorch memory snapshots (.pickle), RMM logging CSV, or vmm-alloc traces
     /// (the format is chosen by content, not by name).
