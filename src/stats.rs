@@ -108,7 +108,9 @@ pub struct MemoryStats {
     pub inactive_split_bytes: StatArray,
     /// Bytes requested by users (unrounded), of active blocks.
     pub requested_bytes: StatArray,
-    /// Allocations that succeeded only after freeing the whole cache (PyTorch's last retry stage).
+    /// Times the last-resort stage ran: every cached block freed and the allocation retried
+    /// (PyTorch's `release_cached_blocks` then retry), counted per attempt whether the retry
+    /// succeeded or not, as PyTorch counts it.
     pub num_alloc_retries: u64,
     /// Allocations that failed with out-of-memory.
     pub num_ooms: u64,

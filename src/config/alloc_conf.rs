@@ -39,6 +39,16 @@ pub struct AllocConf {
     pub per_process_memory_fraction: f64,
     /// Keys that were valid but have no effect in this crate, in the order given.
     pub ignored: Vec<String>,
+    /// Every key the string set, in the order given (a key given twice appears twice): tells a
+    /// value set to its default from one left out, so a caller can apply only what was given.
+    pub given: Vec<String>,
+}
+
+impl AllocConf {
+    /// Whether the string set `key`.
+    pub fn was_given(&self, key: &str) -> bool {
+        self.given.iter().any(|k| k == key)
+    }
 }
 
 impl Default for AllocConf {
@@ -52,6 +62,7 @@ impl Default for AllocConf {
             garbage_collection_threshold: 0.0,
             per_process_memory_fraction: 1.0,
             ignored: Vec::new(),
+            given: Vec::new(),
         }
     }
 }
@@ -231,6 +242,7 @@ pub fn parse_alloc_conf(s: &str) -> Result<AllocConf, ConfigError> {
             ));
         }
         c.expect(":")?;
+        conf.given.push(key.clone());
         match key.as_str() {
             "expandable_segments" => conf.expandable_segments = c.boolean()?,
             "max_split_size_mb" | "max_non_split_rounding_mb" => {

@@ -26,9 +26,11 @@ pub struct Config {
     pub va_factor: f64,
     /// Keep unmapped physical handles and map them again before creating new ones.
     pub handle_cache: bool,
-    /// Bytes of unmapped handles kept across `empty_cache()` (the release threshold). Default 0:
-    /// `empty_cache()` gives every byte back to the device, as users calling it expect; handles
-    /// unmapped under memory pressure are still reused at once.
+    /// Bytes of unmapped handles kept between calls (the release threshold): `empty_cache()` and
+    /// every allocation that unmapped handles (remap, the free-everything retry) release what
+    /// lies beyond it before returning. Default 0: `empty_cache()` gives every byte back to the
+    /// device, as users calling it expect; handles unmapped under memory pressure are still
+    /// reused at once, within the allocation that unmapped them.
     pub handle_cache_limit: usize,
     /// When growth finds no physical memory, unmap fully-free pages of any segment (once their
     /// stream's work is done) and map their handles where they are needed, before the last-resort
@@ -38,7 +40,9 @@ pub struct Config {
     /// its last synchronization (queued work cannot touch memory freed before it was queued).
     /// PyTorch synchronizes before every unmap.
     pub sync_only_after_frees: bool,
-    /// Devices (peers) that also get read-write access to every mapped page.
+    /// Devices (peers) that also get read-write access to every mapped page. Each must be a
+    /// device the backend has (below [`Backend::device_count`](crate::backend::Backend::device_count)),
+    /// or construction fails with [`AllocError::InvalidConfig`](crate::AllocError::InvalidConfig).
     pub peers: Vec<u32>,
     /// `roundup_power2_divisions` per interval (0 or 1 = plain 512-byte rounding).
     pub roundup_power2_divisions: [usize; ROUNDUP_INTERVALS],
@@ -91,21 +95,52 @@ impl Config {
         }
     }
 
-    /// Applies the settings of a `PYTORCH_CUDA_ALLOC_CONF` string on top of `self`.
+    /// Applies the settings of a `PYTORCH_CUDA_ALLOC_CONF` string on top of `self`: only the
+    /// fields the string mentions change (unlike PyTorch's runtime `_set_allocator_settings`,
+    /// which resets `max_split_size_mb`, `roundup_power2_divisions` and
+    /// `garbage_collection_threshold` when absent; a `Config` is built up from explicit values,
+    /// so an absent key keeps the value already there).
+    ///
+    /// * `large_segment_size_mb` sets [`large_page`](Self::large_page) and, as in PyTorch, also
+    ///   `max_non_split_rounding` unless `max_non_split_rounding_mb` is given;
+    /// * `max_split_size_mb`, `max_non_split_rounding_mb`, `roundup_power2_divisions` and
+    ///   `per_process_memory_fraction` set their fields;
+    /// * `expandable_segments` and `garbage_collection_threshold` are accepted (validated with
+    ///   PyTorch's rules) but do not apply here: this allocator is always expandable, and the
+    ///   garbage collector is a classic-allocator feature (PyTorch's GC skips expandable blocks
+    ///   too); [`ClassicAllocator`](crate::ClassicAllocator) honours it;
+    /// * the other keys PyTorch knows (pinned memory, `backend`, ...) are validated and ignored;
+    ///   unknown keys are an error.
+    ///
+    /// The minimum of `max_split_size_mb` is checked against the string's own
+    /// `large_segment_size_mb` (20 when absent), as PyTorch does.
     ///
     /// ```
     /// use vmm_alloc::config::Config;
     /// let c = Config::default().with_alloc_conf("roundup_power2_divisions:4,large_segment_size_mb:64").unwrap();
     /// assert_eq!(c.large_page, 64 << 20);
+    /// let d = Config { memory_fraction: 0.5, ..Config::default() }.with_alloc_conf("max_split_size_mb:128").unwrap();
+    /// assert_eq!((d.memory_fraction, d.max_split_size), (0.5, Some(128 << 20)));
     /// assert!(Config::default().with_alloc_conf("max_split_size_mb:2").is_err());
     /// ```
     pub fn with_alloc_conf(mut self, conf: &str) -> Result<Self, ConfigError> {
         let parsed = parse_alloc_conf(conf)?;
-        self.large_page = parsed.large_segment_size;
-        self.max_split_size = parsed.max_split_size;
-        self.max_non_split_rounding = parsed.max_non_split_rounding;
-        self.roundup_power2_divisions = parsed.roundup_power2_divisions;
-        self.memory_fraction = parsed.per_process_memory_fraction;
+        let given = |key: &str| parsed.was_given(key);
+        if given("large_segment_size_mb") {
+            self.large_page = parsed.large_segment_size;
+        }
+        if given("max_split_size_mb") {
+            self.max_split_size = parsed.max_split_size;
+        }
+        if given("max_non_split_rounding_mb") || given("large_segment_size_mb") {
+            self.max_non_split_rounding = parsed.max_non_split_rounding;
+        }
+        if given("roundup_power2_divisions") {
+            self.roundup_power2_divisions = parsed.roundup_power2_divisions;
+        }
+        if given("per_process_memory_fraction") {
+            self.memory_fraction = parsed.per_process_memory_fraction;
+        }
         Ok(self)
     }
 

@@ -30,6 +30,15 @@ impl<B: Backend> State<B> {
                 cursor = at + c.len as u64;
                 sum += c.len;
             }
+            for (&at, c) in &seg.stuck {
+                let end = at + c.len as u64;
+                let clash = seg.chunks.range(..end).next_back();
+                if clash.is_some_and(|(&s, k)| s + k.len as u64 > at) || end > seg.end() {
+                    return Err(format!(
+                        "stuck chunk {at:#x} overlaps a chunk or leaves {key:#x}"
+                    ));
+                }
+            }
             if sum != seg.mapped_bytes {
                 return Err(format!(
                     "segment {key:#x}: chunks sum {sum} != mapped_bytes {}",

@@ -262,29 +262,22 @@ impl<B: Backend> State<B> {
         }
     }
 
-    /// Undoes a growth: unmaps its chunks, returns their handles, frees a segment it reserved.
+    /// Undoes a growth: unmaps its chunks, returns their handles (to the cache if they came from
+    /// it), frees a segment it reserved.
     fn rollback(&mut self, target: &Target, grown: Vec<Grown>, cause: GrowFail) -> GrowFail {
-        if let (Some(first), Some(last)) = (grown.first(), grown.last()) {
-            let len = (last.at + last.len as u64 - first.at) as usize;
-            // One call covers the whole run; the chunks are adjacent whole mappings.
-            let _ = track(
-                &mut self.stats,
-                CallKind::Unmap,
-                self.backend.unmap(DevAddr::new(first.at), len),
-            );
-        }
-        for c in grown {
+        for c in self.unmap_grown(grown) {
             self.give_back(c.handle, c.len, c.from_cache);
         }
-        if target.new_segment {
-            let va = self.segments[&target.seg].va;
-            if track(
+        let seg = &self.segments[&target.seg];
+        if target.new_segment && seg.stuck.is_empty() {
+            let va = seg.va;
+            let freed = track(
                 &mut self.stats,
                 CallKind::FreeReservation,
                 self.backend.free_reservation(va),
-            )
-            .is_ok()
-            {
+            );
+            // If the free fails, the segment stays, empty: `release_cached` frees it later.
+            if freed.is_ok() {
                 if let Some(s) = self.segments.remove(&target.seg) {
                     self.stats.segment.decrease(s.pool, 1);
                 }
@@ -292,5 +285,50 @@ impl<B: Backend> State<B> {
         }
         self.sync_cache_stats();
         cause
+    }
+
+    /// Unmaps the chunks of a failed growth and returns those now unmapped.
+    ///
+    /// Note [Stuck chunks]: one call covers the whole run (the chunks are adjacent whole
+    /// mappings); if it fails, each chunk is tried alone. A chunk that still cannot be unmapped
+    /// must not be released or cached (its handle is mapped) nor handed out (its access may be
+    /// unset), and growth must not map over it: it is recorded in its segment's `stuck` map,
+    /// which `holes` treats as occupied, and is unmapped again by `empty_cache` and teardown.
+    /// It is not counted in `reserved_bytes`: no allocation can use it.
+    fn unmap_grown(&mut self, grown: Vec<Grown>) -> Vec<Grown> {
+        let (Some(first), Some(last)) = (grown.first(), grown.last()) else {
+            return grown;
+        };
+        let len = (last.at + last.len as u64 - first.at) as usize;
+        let at = DevAddr::new(first.at);
+        if track(
+            &mut self.stats,
+            CallKind::Unmap,
+            self.backend.unmap(at, len),
+        )
+        .is_ok()
+        {
+            return grown;
+        }
+        let mut unmapped = Vec::new();
+        for c in grown {
+            let one = self.backend.unmap(DevAddr::new(c.at), c.len);
+            if track(&mut self.stats, CallKind::Unmap, one).is_ok() {
+                unmapped.push(c);
+                continue;
+            }
+            if let Some(seg) = self.segment_of(c.at) {
+                let chunk = Chunk {
+                    handle: c.handle,
+                    len: c.len,
+                };
+                self.segments
+                    .get_mut(&seg)
+                    .expect("segment_of found it")
+                    .stuck
+                    .insert(c.at, chunk);
+            }
+        }
+        unmapped
     }
 }

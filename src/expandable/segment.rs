@@ -37,6 +37,9 @@ pub(crate) struct Segment {
     /// start address -> length of each free range
     pub(crate) free: BTreeMap<u64, usize>,
     pub(crate) mapped_bytes: usize,
+    /// Chunks a rolled-back growth could not unmap (Note [Stuck chunks] in `growth.rs`): still
+    /// mapped in the backend, never handed out, not counted in `mapped_bytes`.
+    pub(crate) stuck: BTreeMap<u64, Chunk>,
 }
 
 impl Segment {
@@ -48,6 +51,7 @@ impl Segment {
             chunks: BTreeMap::new(),
             free: BTreeMap::new(),
             mapped_bytes: 0,
+            stuck: BTreeMap::new(),
         }
     }
 
@@ -59,11 +63,16 @@ impl Segment {
         self.va.start.get() + self.va.len as u64
     }
 
-    /// The unmapped holes, in address order, as `(start, end)`.
+    /// The unmapped holes, in address order, as `(start, end)`. Stuck chunks are no hole: they
+    /// are still mapped, and mapping over them would fail.
     pub(crate) fn holes(&self) -> Vec<(u64, u64)> {
         let mut holes = Vec::new();
         let mut cursor = self.start();
-        for (&at, c) in &self.chunks {
+        let mut taken: Vec<(&u64, &Chunk)> = self.chunks.iter().chain(&self.stuck).collect();
+        if !self.stuck.is_empty() {
+            taken.sort_unstable_by_key(|&(&at, _)| at);
+        }
+        for (&at, c) in taken {
             if at > cursor {
                 holes.push((cursor, at));
             }

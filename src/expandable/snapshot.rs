@@ -66,7 +66,7 @@ impl<B: Backend> State<B> {
             }
         }
         for seg in std::mem::take(&mut self.segments).into_values() {
-            for (&at, c) in &seg.chunks {
+            for (&at, c) in seg.chunks.iter().chain(&seg.stuck) {
                 let _ = self.backend.unmap(DevAddr::new(at), c.len);
                 let _ = self.backend.release(c.handle);
             }

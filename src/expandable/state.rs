@@ -6,11 +6,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
-use crate::config::{round_size, Config, ONE_EXA_BYTES, SMALL_SIZE};
+use crate::config::{round_size, Config, ConfigError, ONE_EXA_BYTES, SMALL_SIZE};
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::expandable::handle_cache::HandleCache;
 use crate::expandable::recent_frees::RecentFrees;
-use crate::expandable::segment::Segment;
+use crate::expandable::segment::{Chunk, Segment};
 use crate::stats::{MemoryStats, PoolKind};
 use crate::units::DevAddr;
 
@@ -75,6 +75,14 @@ impl<B: Backend> State<B> {
         let granularity = backend.granularity();
         let info = backend.mem_info()?;
         let mut access = vec![Access::read_write(backend.device())];
+        let devices = backend.device_count();
+        if let Some(&bad) = config.peers.iter().find(|&&p| p >= devices) {
+            return Err(ConfigError {
+                message: format!("peer device {bad} does not exist: the backend has {devices}"),
+                token: None,
+            }
+            .into());
+        }
         for &peer in &config.peers {
             if peer != backend.device() && !access.iter().any(|a| a.device == peer) {
                 access.push(Access::read_write(peer));
@@ -188,7 +196,11 @@ impl<B: Backend> State<B> {
         let _ = self.process_events(false);
         let at = match self.find_free(stream, pool, rounded) {
             Some(at) => at,
-            None => self.grow_or_oom(stream, pool, rounded)?,
+            None => {
+                let grown = self.grow_or_oom(stream, pool, rounded);
+                self.trim_to_bound();
+                grown?
+            }
         };
         let seg = self.segment_of(at).expect("a free range lies in a segment");
         self.carve_free(seg, at, rounded);
@@ -445,24 +457,17 @@ impl<B: Backend> State<B> {
         self.process_events(true)?;
         let keys: Vec<u64> = self.segments.keys().copied().collect();
         for seg in keys {
+            self.unmap_stuck(seg)?;
             let chunks = self.segments[&seg].free_chunks();
-            if chunks.is_empty() {
-                continue;
+            if !chunks.is_empty() {
+                self.sync_before_unmap(self.segments[&seg].stream)?;
             }
-            self.sync_before_unmap(self.segments[&seg].stream)?;
             for (at, chunk) in chunks {
                 self.unmap_chunk(seg, at, chunk)?;
-                if self.config.handle_cache {
-                    self.cache.put(chunk.handle, chunk.len);
-                } else {
-                    track(
-                        &mut self.stats,
-                        CallKind::Release,
-                        self.backend.release(chunk.handle),
-                    )?;
-                }
+                self.unmapped_handle(chunk)?;
             }
-            if self.segments[&seg].chunks.is_empty() {
+            let s = &self.segments[&seg];
+            if s.chunks.is_empty() && s.stuck.is_empty() {
                 self.free_segment(seg)?;
             }
         }
@@ -473,12 +478,52 @@ impl<B: Backend> State<B> {
         Ok(())
     }
 
+    /// Keeps the handle of an unmapped chunk in the cache, or releases it without the cache.
+    fn unmapped_handle(&mut self, chunk: Chunk) -> Result<(), BackendError> {
+        if self.config.handle_cache {
+            self.cache.put(chunk.handle, chunk.len);
+            return Ok(());
+        }
+        track(
+            &mut self.stats,
+            CallKind::Release,
+            self.backend.release(chunk.handle),
+        )
+    }
+
+    /// Tries again to unmap the chunks of `seg` a rollback left mapped (Note [Stuck chunks] in
+    /// `growth.rs`). No sync: no block was ever carved from them, so no queued work uses them.
+    fn unmap_stuck(&mut self, seg: u64) -> Result<(), BackendError> {
+        while let Some((&at, &chunk)) = self.segments[&seg].stuck.first_key_value() {
+            let unmapped = self.backend.unmap(DevAddr::new(at), chunk.len);
+            track(&mut self.stats, CallKind::Unmap, unmapped)?;
+            if let Some(s) = self.segments.get_mut(&seg) {
+                s.stuck.remove(&at);
+            }
+            self.unmapped_handle(chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Releases cached handles beyond the bound (`handle_cache_limit`, 0 without the cache).
+    /// The OOM retry and remap put handles in the cache in the middle of an allocation; this
+    /// runs at its end, so the bound holds between calls. A failed release leaves the handle
+    /// cached (consistent; tried again next time): the allocation's result stands.
+    fn trim_to_bound(&mut self) {
+        let keep = if self.config.handle_cache {
+            self.config.handle_cache_limit
+        } else {
+            0
+        };
+        let _ = self.trim_cache(keep);
+    }
+
     /// Unmaps one free chunk and takes it out of the free ranges; the handle is the caller's.
     pub(crate) fn unmap_chunk(
         &mut self,
         seg: u64,
         at: u64,
-        chunk: crate::expandable::segment::Chunk,
+        chunk: Chunk,
     ) -> Result<(), BackendError> {
         track(
             &mut self.stats,

@@ -234,3 +234,71 @@ fn memory_fraction_limits_the_allocator() {
     let big = alloc.allocate(120 * MB, StreamId::DEFAULT).unwrap();
     alloc.deallocate(big).unwrap();
 }
+
+/// `with_alloc_conf` changes only what the string mentions.
+#[test]
+fn alloc_conf_changes_only_the_keys_given() {
+    let base = Config {
+        large_page: 64 * MB,
+        memory_fraction: 0.5,
+        max_non_split_rounding: 64 * MB,
+        roundup_power2_divisions: [4; vmm_alloc::config::ROUNDUP_INTERVALS],
+        max_split_size: Some(256 * MB),
+        ..Config::default()
+    };
+    let same = base
+        .clone()
+        .with_alloc_conf("expandable_segments:True,garbage_collection_threshold:0.5,backend:native")
+        .unwrap();
+    assert_eq!(same, base, "keys that do not apply change nothing");
+    let c = base
+        .clone()
+        .with_alloc_conf("max_split_size_mb:128")
+        .unwrap();
+    assert_eq!(
+        c,
+        Config {
+            max_split_size: Some(128 * MB),
+            ..base.clone()
+        }
+    );
+    // large_segment_size_mb also sets max_non_split_rounding, as in PyTorch, unless given.
+    let d = base
+        .clone()
+        .with_alloc_conf("large_segment_size_mb:32")
+        .unwrap();
+    assert_eq!((d.large_page, d.max_non_split_rounding), (32 * MB, 32 * MB));
+    assert_eq!((d.memory_fraction, d.max_split_size), (0.5, Some(256 * MB)));
+    let e = base
+        .with_alloc_conf("large_segment_size_mb:32,max_non_split_rounding_mb:40,per_process_memory_fraction:0.25,roundup_power2_divisions:2")
+        .unwrap();
+    assert_eq!(
+        (e.large_page, e.max_non_split_rounding, e.memory_fraction),
+        (32 * MB, 40 * MB, 0.25)
+    );
+    assert_eq!(e.roundup_power2_divisions[0], 2);
+}
+
+/// A peer the backend does not have is an invalid config, not a failure at the first map.
+#[test]
+fn peers_must_exist() {
+    let two = || {
+        SimBackend::with_config(SimConfig {
+            devices: 2,
+            ..SimConfig::default()
+        })
+        .unwrap()
+    };
+    let with_peers = |peers: Vec<u32>| Config {
+        peers,
+        ..Config::default()
+    };
+    assert!(ExpandableAllocator::new(two(), with_peers(vec![1])).is_ok());
+    for peers in [vec![2], vec![1, 7], vec![u32::MAX]] {
+        let err = ExpandableAllocator::new(two(), with_peers(peers.clone())).err();
+        assert!(
+            matches!(err, Some(AllocError::InvalidConfig(_))),
+            "peers {peers:?}: {err:?}"
+        );
+    }
+}
