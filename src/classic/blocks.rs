@@ -48,6 +48,11 @@ impl Block {
         }
     }
 
+    /// Its key in its pool when free.
+    pub(crate) fn key(&self, id: BlockId) -> PoolKey {
+        (self.stream, self.size, self.ptr, id)
+    }
+
     /// `is_split()`: the block shares its segment with others.
     pub(crate) fn is_split(&self) -> bool {
         self.prev.is_some() || self.next.is_some()
@@ -106,23 +111,18 @@ impl Arena {
     }
 }
 
-/// The free blocks of one pool kind, all streams: `(stream, size, ptr)` → id.
+/// A free block's place in its pool: (stream, size, address, id).
+pub(crate) type PoolKey = (StreamId, usize, u64, BlockId);
+
+/// The free blocks of one pool kind, all streams, in (stream, size, address) order.
 #[derive(Default, Debug)]
 pub(crate) struct Pool {
-    pub(crate) blocks: BTreeSet<(StreamId, usize, u64, BlockId)>,
+    pub(crate) blocks: BTreeSet<PoolKey>,
     /// `get_free_blocks_call_count`: lookups so far (the garbage collector's clock).
     pub(crate) get_free_blocks_call_count: u64,
 }
 
 impl Pool {
-    pub(crate) fn insert(&mut self, id: BlockId, b: &Block) {
-        self.blocks.insert((b.stream, b.size, b.ptr, id));
-    }
-
-    pub(crate) fn remove(&mut self, id: BlockId, b: &Block) -> bool {
-        self.blocks.remove(&(b.stream, b.size, b.ptr, id))
-    }
-
     /// `lower_bound({stream, size})`: the smallest free block of `stream` holding `size`, lowest
     /// address on ties.
     pub(crate) fn lower_bound(&self, stream: StreamId, size: usize) -> Option<(usize, BlockId)> {

@@ -72,8 +72,8 @@ impl<B: Backend> State<B> {
                 net_bytes -= subsumed as i64;
             }
         }
-        let merged = self.blocks.at(id).clone();
-        self.insert_into_blocks(id, &merged);
+        self.insert_into_blocks(id);
+        let merged = self.blocks.at(id);
         if merged.is_split() {
             net_blocks += 1;
             net_bytes += merged.size as i64;
@@ -90,11 +90,14 @@ impl<B: Backend> State<B> {
     /// bytes absorbed.
     fn try_merge_blocks(&mut self, dst: BlockId, src: Option<BlockId>) -> usize {
         let Some(src) = src else { return 0 };
-        let s = self.blocks.at(src).clone();
+        let s = self.blocks.at(src);
         if s.allocated || s.event_count > 0 || !s.stream_uses.is_empty() {
             return 0;
         }
-        self.pool(s.pool).remove(src, &s);
+        self.remove_from_pool(src);
+        let Some(s) = self.blocks.remove(src) else {
+            return 0;
+        };
         let d = self.blocks.at_mut(dst);
         if d.prev == Some(src) {
             d.ptr = s.ptr;
@@ -109,7 +112,6 @@ impl<B: Backend> State<B> {
             }
         }
         self.blocks.at_mut(dst).size += s.size;
-        self.blocks.remove(src);
         s.size
     }
 
@@ -216,18 +218,19 @@ impl<B: Backend> State<B> {
 
     /// `release_block`: `cudaFree` of a free, unsplit block (a whole segment).
     pub(crate) fn release_block(&mut self, id: BlockId) -> Result<(), AllocError> {
-        let b = self.blocks.at(id).clone();
-        let Some(seg) = self.segments.get(&b.ptr).copied() else {
+        let b = self.blocks.at(id);
+        let (ptr, size, kind) = (b.ptr, b.size, b.pool);
+        let Some(seg) = self.segments.get(&ptr).copied() else {
             return Ok(());
         };
         device_free(&self.backend, &mut self.stats, &seg)?;
-        self.segments.remove(&b.ptr);
-        self.total_allocated_memory -= b.size;
-        self.pool(b.pool).remove(id, &b);
+        self.segments.remove(&ptr);
+        self.total_allocated_memory -= size;
+        self.remove_from_pool(id);
         self.blocks.remove(id);
-        self.stats.segment.decrease(b.pool, 1);
-        self.stats.reserved_bytes.decrease(b.pool, b.size as u64);
-        if b.size >= self.conf.max_split_size.unwrap_or(usize::MAX) {
+        self.stats.segment.decrease(kind, 1);
+        self.stats.reserved_bytes.decrease(kind, size as u64);
+        if size >= self.conf.max_split_size.unwrap_or(usize::MAX) {
             self.oversize_segments -= 1;
         }
         self.stats.num_device_free += 1;

@@ -97,8 +97,7 @@ impl<B: Backend> State<B> {
                     });
                 }
                 None => {
-                    let b = self.blocks.at(id).clone();
-                    self.insert_into_blocks(id, &b);
+                    self.insert_into_blocks(id);
                     if split {
                         self.stats.inactive_split.increase(kind, 1);
                         self.stats.inactive_split_bytes.increase(kind, len as u64);

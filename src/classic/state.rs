@@ -149,8 +149,7 @@ impl<B: Backend> State<B> {
         if size >= max_split && len >= size.saturating_add(rounding) {
             return None;
         }
-        let b = self.blocks.at(id).clone();
-        self.pool(kind).remove(id, &b);
+        self.remove_from_pool(id);
         Some(id)
     }
 
@@ -178,28 +177,29 @@ impl<B: Backend> State<B> {
         let already_split = self.blocks.at(id).is_split();
         if split {
             let remaining_id = id;
-            let r = self.blocks.at(remaining_id).clone();
+            let r = self.blocks.at(remaining_id);
+            let prev = r.prev;
             let front = Block {
-                prev: r.prev,
+                prev,
                 next: Some(remaining_id),
                 ..Block::free(r.ptr, size, r.stream, r.pool)
             };
             id = self.blocks.insert(front);
-            if let Some(p) = r.prev {
+            if let Some(p) = prev {
                 self.blocks.at_mut(p).next = Some(id);
             }
             let rem = self.blocks.at_mut(remaining_id);
             rem.prev = Some(id);
             rem.ptr += size as u64;
             rem.size -= size;
-            let rem = rem.clone();
-            self.insert_into_blocks(remaining_id, &rem);
+            let rem_size = rem.size;
+            self.insert_into_blocks(remaining_id);
             if already_split {
                 self.stats.inactive_split_bytes.decrease(kind, size as u64);
             } else {
                 self.stats
                     .inactive_split_bytes
-                    .increase(kind, rem.size as u64);
+                    .increase(kind, rem_size as u64);
                 self.stats.inactive_split.increase(kind, 1);
             }
         } else if already_split {
@@ -230,10 +230,20 @@ impl<B: Backend> State<B> {
     }
 
     /// Puts a free block into its pool, stamping its GC age.
-    pub(crate) fn insert_into_blocks(&mut self, id: BlockId, b: &Block) {
-        let clock = self.pool(b.pool).get_free_blocks_call_count;
-        self.blocks.at_mut(id).gc_count_base = clock;
-        self.pool(b.pool).insert(id, b);
+    pub(crate) fn insert_into_blocks(&mut self, id: BlockId) {
+        let kind = self.blocks.at(id).pool;
+        let clock = self.pool(kind).get_free_blocks_call_count;
+        let b = self.blocks.at_mut(id);
+        b.gc_count_base = clock;
+        let key = b.key(id);
+        self.pool(kind).blocks.insert(key);
+    }
+
+    /// Takes a free block out of its pool.
+    pub(crate) fn remove_from_pool(&mut self, id: BlockId) {
+        let b = self.blocks.at(id);
+        let (kind, key) = (b.pool, b.key(id));
+        self.pool(kind).blocks.remove(&key);
     }
 
     /// `alloc_block`: a new segment of `alloc_size`, unless the memory fraction or the device
