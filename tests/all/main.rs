@@ -1,6 +1,7 @@
 //! The allocator tests: one integration binary (faster to link than one per file).
 
 mod classic_behaviour;
+mod classic_model;
 mod expandable_behaviour;
 mod expandable_regressions;
 mod model;
