@@ -319,3 +319,41 @@ fn garbage_collection_frees_the_oldest_cached_segments_above_the_threshold() {
     assert_eq!(alloc.stats().num_device_free, 0);
     alloc.deallocate(y).unwrap();
 }
+
+#[test]
+fn real_bytes_survive_splits_merges_and_reuse_on_host() {
+    use vmm_alloc::backend::{HostBackend, HostConfig};
+    let host = HostBackend::with_config(HostConfig {
+        capacity: 256 * MB,
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let alloc = ClassicAllocator::with_alloc_conf(host.clone(), "").unwrap();
+    let pattern = |seed: u8, len: usize| -> Vec<u8> {
+        (0..len).map(|i| seed.wrapping_add(i as u8)).collect()
+    };
+    // Three blocks split from one 20 MiB segment, each filled with its own bytes.
+    let blocks: Vec<_> = (0..3u8)
+        .map(|i| {
+            let a = alloc.allocate(3 * MB, S0).unwrap();
+            host.write(a.ptr(), &pattern(i, 3 * MB)).unwrap();
+            (i, a)
+        })
+        .collect();
+    assert_eq!(alloc.stats().segment.all.current, 1);
+    let mut blocks = blocks.into_iter();
+    let (_, first) = blocks.next().unwrap();
+    alloc.deallocate(first).unwrap();
+    // The freed block is reused and overwritten; its neighbours keep their bytes.
+    let again = alloc.allocate(3 * MB, S0).unwrap();
+    host.write(again.ptr(), &pattern(9, 3 * MB)).unwrap();
+    for (i, a) in blocks {
+        let mut out = vec![0; 3 * MB];
+        host.read(a.ptr(), &mut out).unwrap();
+        assert!(out == pattern(i, 3 * MB), "block {i} changed");
+        alloc.deallocate(a).unwrap();
+    }
+    alloc.deallocate(again).unwrap();
+    alloc.empty_cache().unwrap();
+    assert!(host.live().is_empty(), "{}", host.live());
+}
