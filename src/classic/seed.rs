@@ -7,7 +7,6 @@ use crate::classic::state::State;
 use crate::config::MIN_BLOCK_SIZE;
 use crate::error::AllocError;
 use crate::stats::PoolKind;
-use crate::units::DevAddr;
 
 /// A live block to place: (offset in the segment, block size, bytes requested).
 pub type SeedBlock = (usize, usize, usize);
@@ -70,32 +69,10 @@ impl<B: Backend> State<B> {
             }
             ids.push(id);
         }
-        let max_split = self.conf.max_split_size.unwrap_or(usize::MAX);
         let mut out = Vec::with_capacity(blocks.len());
         for (&id, &(_, len, requested)) in ids.iter().zip(&pieces) {
             match requested {
-                Some(requested) => {
-                    let b = self.blocks.at_mut(id);
-                    b.allocated = true;
-                    b.requested = requested;
-                    let ptr = b.ptr;
-                    self.active.insert(ptr, id);
-                    let s = &mut self.stats;
-                    s.allocation.increase(kind, 1);
-                    s.allocated_bytes.increase(kind, len as u64);
-                    s.active.increase(kind, 1);
-                    s.active_bytes.increase(kind, len as u64);
-                    s.requested_bytes.increase(kind, requested as u64);
-                    if len >= max_split {
-                        self.oversize_allocations += 1;
-                    }
-                    out.push(crate::Allocation {
-                        ptr: DevAddr::new(ptr),
-                        size: len,
-                        requested,
-                        stream,
-                    });
-                }
+                Some(requested) => out.push(self.mark_allocated(id, requested)),
                 None => {
                     self.insert_into_blocks(id);
                     if split {

@@ -207,24 +207,30 @@ impl<B: Backend> State<B> {
             self.stats.inactive_split_bytes.decrease(kind, len);
             self.stats.inactive_split.decrease(kind, 1);
         }
+        self.mark_allocated(id, orig_size)
+    }
+
+    /// Hands out block `id` for a request of `requested` bytes: marks it allocated and counts it
+    /// (`alloc_found_block`'s bookkeeping, shared with seeding).
+    pub(crate) fn mark_allocated(&mut self, id: BlockId, requested: usize) -> crate::Allocation {
         let b = self.blocks.at_mut(id);
         b.allocated = true;
-        b.requested = orig_size;
-        let (ptr, len, stream) = (b.ptr, b.size, b.stream);
+        b.requested = requested;
+        let (ptr, len, stream, kind) = (b.ptr, b.size, b.stream, b.pool);
         self.active.insert(ptr, id);
         let s = &mut self.stats;
         s.allocation.increase(kind, 1);
         s.allocated_bytes.increase(kind, len as u64);
         s.active.increase(kind, 1);
         s.active_bytes.increase(kind, len as u64);
-        s.requested_bytes.increase(kind, orig_size as u64);
+        s.requested_bytes.increase(kind, requested as u64);
         if len >= max_split(&self.conf) {
             self.oversize_allocations += 1;
         }
         crate::Allocation {
             ptr: DevAddr::new(ptr),
             size: len,
-            requested: orig_size,
+            requested,
             stream,
         }
     }
