@@ -49,23 +49,21 @@ impl Policy {
         Policy::ALL.into_iter().find(|p| p.name() == name)
     }
 
-    /// The configuration: the policy's, with the traced program's `PYTORCH_CUDA_ALLOC_CONF`
-    /// applied when it parses (rounding, memory fraction, `max_split_size`).
-    /// For [`Policy::Classic`] this is the faithful expandable configuration; the classic
-    /// allocator takes [`Policy::alloc_conf`] instead.
-    pub fn config(self, alloc_conf: Option<&str>) -> Config {
+    /// An expandable policy's configuration, with the traced program's `PYTORCH_CUDA_ALLOC_CONF`
+    /// applied when it parses (rounding, memory fraction, `max_split_size`); `None` for
+    /// [`Policy::Classic`], which takes [`Policy::alloc_conf`] instead.
+    pub fn config(self, alloc_conf: Option<&str>) -> Option<Config> {
         let base = match self {
-            Policy::Classic | Policy::PytorchExpandable => Config::pytorch_expandable(),
+            Policy::Classic => return None,
+            Policy::PytorchExpandable => Config::pytorch_expandable(),
             Policy::Expandable => Config::default(),
         };
-        match alloc_conf {
+        Some(match alloc_conf {
             Some(conf) => base.clone().with_alloc_conf(conf).unwrap_or(base),
             None => base,
-        }
+        })
     }
-}
 
-impl Policy {
     /// The classic allocator's configuration: the traced program's `PYTORCH_CUDA_ALLOC_CONF` when
     /// it parses, else PyTorch's defaults.
     pub fn alloc_conf(alloc_conf: Option<&str>) -> AllocConf {
@@ -176,12 +174,11 @@ pub fn replay_with_progress(
         .use_trace_settings
         .then_some(trace.alloc_conf.as_deref())
         .flatten();
-    let config = policy.config(conf);
-    if policy == Policy::Classic {
+    let Some(config) = policy.config(conf) else {
         let alloc = ClassicAllocator::new(sim, Policy::alloc_conf(conf))?;
         // Dumping a classic replay as a snapshot is not supported yet: no history.
         return drive(trace, policy, opts, capacity, &alloc, None, progress);
-    }
+    };
     let alloc = ExpandableAllocator::new(sim, config.clone())?;
     let history = opts.record_history.then(|| {
         // The string was applied only if it parsed (see `Policy::config`).
