@@ -59,6 +59,14 @@ pub trait Allocator: Send + Sync {
     /// Statistics, with PyTorch's names.
     fn stats(&self) -> MemoryStats;
 
+    /// Device memory the allocator holds right now: `reserved_bytes` plus cached physical
+    /// handles (`handle_cache_bytes`), what `nvidia-smi` would show. The same figure as from
+    /// [`stats`](Self::stats), without copying every statistic: a replay asks after every event.
+    fn held_bytes(&self) -> u64 {
+        let s = self.stats();
+        s.reserved_bytes.all.current + s.handle_cache_bytes
+    }
+
     /// Sets every peak statistic to its current value.
     fn reset_peak_stats(&self);
 

@@ -139,6 +139,11 @@ impl<B: Backend> Allocator for ClassicAllocator<B> {
         self.state.lock().stats
     }
 
+    fn held_bytes(&self) -> u64 {
+        let s = &self.state.lock().stats;
+        s.reserved_bytes.all.current + s.handle_cache_bytes
+    }
+
     fn reset_peak_stats(&self) {
         self.state.lock().stats.reset_peak();
     }

@@ -1,7 +1,5 @@
 //! `check`: every invariant of the expandable allocator, as equations over the whole state.
 
-use std::collections::BTreeSet;
-
 use crate::backend::Backend;
 use crate::expandable::state::State;
 use crate::stats::PoolKind;
@@ -39,6 +37,11 @@ impl<B: Backend> State<B> {
                     ));
                 }
             }
+            if !seg.occupied_is_consistent() {
+                return Err(format!(
+                    "segment {key:#x}: the mapped runs disagree with its chunks"
+                ));
+            }
             if sum != seg.mapped_bytes {
                 return Err(format!(
                     "segment {key:#x}: chunks sum {sum} != mapped_bytes {}",
@@ -49,7 +52,12 @@ impl<B: Backend> State<B> {
             // Free ranges: mapped, never touching each other, indexed.
             let mut prev_end = None;
             let mut free_sum = 0;
-            for (&at, &len) in &seg.free {
+            if !seg.free.consistent() {
+                return Err(format!(
+                    "segment {key:#x}: free ranges' start and end maps disagree"
+                ));
+            }
+            for (at, len) in seg.free.sorted() {
                 if len == 0 || !seg.is_mapped(at, len) {
                     return Err(format!(
                         "free range {at:#x}+{len:#x} is empty or not mapped"
@@ -64,8 +72,8 @@ impl<B: Backend> State<B> {
                 free_sum += len;
                 let indexed = self
                     .index
-                    .get(&(seg.stream, seg.pool))
-                    .is_some_and(|s| s.contains(&(len, at)));
+                    .get((seg.stream, seg.pool))
+                    .is_some_and(|s| s.contains(len, at));
                 if !indexed {
                     return Err(format!(
                         "free range {at:#x}+{len:#x} missing from the best-fit index"
@@ -94,7 +102,7 @@ impl<B: Backend> State<B> {
             live_bytes += seg_live;
             pending_bytes += seg_pending;
         }
-        let total_index: usize = self.index.values().map(BTreeSet::len).sum();
+        let total_index = self.index.len();
         if total_index != index_entries {
             return Err(format!(
                 "index holds {total_index} ranges, segments {index_entries}"

@@ -16,7 +16,7 @@
 //! sit.
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
-use crate::expandable::segment::{Chunk, Segment};
+use crate::expandable::segment::{Chunk, FreeChunk, Segment};
 use crate::expandable::state::{track, GrowFail, State};
 use crate::stats::PoolKind;
 use crate::units::DevAddr;
@@ -113,7 +113,7 @@ impl<B: Backend> State<B> {
             .get_mut(&target.seg)
             .expect("target segment is live");
         for c in &grown {
-            seg.chunks.insert(
+            seg.add_chunk(
                 c.at,
                 Chunk {
                     handle: c.handle,
@@ -138,8 +138,8 @@ impl<B: Backend> State<B> {
                 continue;
             }
             for (h_start, h_end) in seg.holes() {
-                let start = seg.free_ending_at(h_start).map_or(h_start, |(s, _)| s);
-                let after = seg.free.get(&h_end).copied().unwrap_or(0) as u64;
+                let start = seg.free.ending_at(h_start).map_or(h_start, |(s, _)| s);
+                let after = seg.free.starting_at(h_end).unwrap_or(0) as u64;
                 if h_end - start + after >= rounded as u64 {
                     return Some(Target {
                         seg: key,
@@ -224,26 +224,28 @@ impl<B: Backend> State<B> {
     /// Prefers a chunk of exactly `want` bytes, then the highest address. False if none exists.
     fn harvest_one(&mut self, exclude: (u64, u64, u64), want: usize) -> Result<bool, GrowFail> {
         let (ex_seg, ex_from, ex_to) = exclude;
-        let mut best: Option<(u64, u64, Chunk)> = None;
+        let mut best: Option<(u64, FreeChunk)> = None;
         for (&key, seg) in &self.segments {
-            for (at, chunk) in seg.free_chunks() {
-                if key == ex_seg && at < ex_to && at + chunk.len as u64 > ex_from {
+            for c in seg.free_chunks() {
+                let (at, len) = (c.at, c.chunk.len);
+                if key == ex_seg && at < ex_to && at + len as u64 > ex_from {
                     continue;
                 }
                 let better = match best {
                     None => true,
-                    Some((_, b_at, b)) => ((chunk.len == want), at) > ((b.len == want), b_at),
+                    Some((_, b)) => ((len == want), at) > ((b.chunk.len == want), b.at),
                 };
                 if better {
-                    best = Some((key, at, chunk));
+                    best = Some((key, c));
                 }
             }
         }
-        let Some((seg, at, chunk)) = best else {
+        let Some((seg, free)) = best else {
             return Ok(false);
         };
+        let chunk = free.chunk;
         self.sync_before_unmap(self.segments[&seg].stream)?;
-        self.unmap_chunk(seg, at, chunk)?;
+        self.unmap_chunk(seg, free)?;
         self.stats.remapped_bytes += chunk.len as u64;
         self.cache.put(chunk.handle, chunk.len);
         Ok(true)
@@ -326,8 +328,7 @@ impl<B: Backend> State<B> {
                 self.segments
                     .get_mut(&seg)
                     .expect("segment_of found it")
-                    .stuck
-                    .insert(c.at, chunk);
+                    .add_stuck(c.at, chunk);
             }
         }
         unmapped

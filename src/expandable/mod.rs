@@ -9,10 +9,12 @@
 //! rollback of a failed growth, and `max_split_size` not applied to expandable blocks.
 
 mod check;
+mod free_map;
 mod growth;
 mod handle_cache;
 mod recent_frees;
 mod segment;
+mod size_index;
 mod snapshot;
 mod state;
 // The classic allocator counts its backend calls the same way.
@@ -92,6 +94,11 @@ impl<B: Backend> Allocator for ExpandableAllocator<B> {
 
     fn stats(&self) -> MemoryStats {
         self.state.lock().stats
+    }
+
+    fn held_bytes(&self) -> u64 {
+        let s = &self.state.lock().stats;
+        s.reserved_bytes.all.current + s.handle_cache_bytes
     }
 
     fn reset_peak_stats(&self) {

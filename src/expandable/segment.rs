@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 
 use crate::backend::{PhysHandle, StreamId};
+use crate::expandable::free_map::FreeMap;
 use crate::stats::PoolKind;
 use crate::units::VaRange;
 
@@ -27,19 +28,33 @@ pub(crate) struct Chunk {
     pub(crate) len: usize,
 }
 
+/// A chunk with nothing allocated in it, and the end of the free range that holds it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FreeChunk {
+    pub(crate) at: u64,
+    pub(crate) chunk: Chunk,
+    pub(crate) range_end: u64,
+}
+
 #[derive(Debug)]
 pub(crate) struct Segment {
     pub(crate) va: VaRange,
     pub(crate) stream: StreamId,
     pub(crate) pool: PoolKind,
-    /// start address -> chunk
+    /// start address -> chunk. Changed only through `add_chunk` / `remove_chunk`, which keep
+    /// `occupied` in step.
     pub(crate) chunks: BTreeMap<u64, Chunk>,
-    /// start address -> length of each free range
-    pub(crate) free: BTreeMap<u64, usize>,
+    /// The free ranges (Note [Boundary tags] in `free_map.rs`).
+    pub(crate) free: FreeMap,
     pub(crate) mapped_bytes: usize,
     /// Chunks a rolled-back growth could not unmap (Note [Stuck chunks] in `growth.rs`): still
     /// mapped in the backend, never handed out, not counted in `mapped_bytes`.
+    /// Changed only through `add_stuck` / `remove_stuck`.
     pub(crate) stuck: BTreeMap<u64, Chunk>,
+    /// start -> end of each maximal run of chunks and stuck chunks: the mapped parts of `va`, so
+    /// that finding a hole walks the holes, not every chunk (growth asks on every page it maps;
+    /// collecting all chunks each time was a fifth of a replay's time).
+    occupied: BTreeMap<u64, u64>,
 }
 
 impl Segment {
@@ -49,9 +64,10 @@ impl Segment {
             stream,
             pool,
             chunks: BTreeMap::new(),
-            free: BTreeMap::new(),
+            free: FreeMap::default(),
             mapped_bytes: 0,
             stuck: BTreeMap::new(),
+            occupied: BTreeMap::new(),
         }
     }
 
@@ -65,50 +81,128 @@ impl Segment {
 
     /// The unmapped holes, in address order, as `(start, end)`. Stuck chunks are no hole: they
     /// are still mapped, and mapping over them would fail.
-    pub(crate) fn holes(&self) -> Vec<(u64, u64)> {
-        let mut holes = Vec::new();
+    pub(crate) fn holes(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         let mut cursor = self.start();
-        let mut taken: Vec<(&u64, &Chunk)> = self.chunks.iter().chain(&self.stuck).collect();
-        if !self.stuck.is_empty() {
-            taken.sort_unstable_by_key(|&(&at, _)| at);
-        }
-        for (&at, c) in taken {
-            if at > cursor {
-                holes.push((cursor, at));
+        let end = self.end();
+        self.occupied
+            .iter()
+            .map(|(&s, &e)| (s, e))
+            .chain(std::iter::once((end, end)))
+            .filter_map(move |(s, e)| {
+                let hole = (s > cursor).then_some((cursor, s));
+                cursor = e;
+                hole
+            })
+    }
+
+    pub(crate) fn add_chunk(&mut self, at: u64, chunk: Chunk) {
+        self.chunks.insert(at, chunk);
+        self.occupy(at, at + chunk.len as u64);
+    }
+
+    pub(crate) fn remove_chunk(&mut self, at: u64) -> Option<Chunk> {
+        let chunk = self.chunks.remove(&at)?;
+        self.vacate(at, at + chunk.len as u64);
+        Some(chunk)
+    }
+
+    pub(crate) fn add_stuck(&mut self, at: u64, chunk: Chunk) {
+        self.stuck.insert(at, chunk);
+        self.occupy(at, at + chunk.len as u64);
+    }
+
+    pub(crate) fn remove_stuck(&mut self, at: u64) -> Option<Chunk> {
+        let chunk = self.stuck.remove(&at)?;
+        self.vacate(at, at + chunk.len as u64);
+        Some(chunk)
+    }
+
+    /// Whether `occupied` is exactly the runs of `chunks` and `stuck`: for `check`.
+    pub(crate) fn occupied_is_consistent(&self) -> bool {
+        let mut taken: Vec<(u64, u64)> = self
+            .chunks
+            .iter()
+            .chain(&self.stuck)
+            .map(|(&at, c)| (at, at + c.len as u64))
+            .collect();
+        taken.sort_unstable();
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (s, e) in taken {
+            match runs.last_mut() {
+                Some(last) if last.1 == s => last.1 = e,
+                _ => runs.push((s, e)),
             }
-            cursor = at + c.len as u64;
         }
-        if cursor < self.end() {
-            holes.push((cursor, self.end()));
-        }
-        holes
+        runs.into_iter()
+            .eq(self.occupied.iter().map(|(&s, &e)| (s, e)))
     }
 
-    /// The free range that ends exactly at `at`, if any.
-    pub(crate) fn free_ending_at(&self, at: u64) -> Option<(u64, usize)> {
-        self.free
-            .range(..at)
-            .next_back()
-            .filter(|(&s, &l)| s + l as u64 == at)
-            .map(|(&s, &l)| (s, l))
-    }
-
-    /// The free range that contains `[at, at + len)`, if any.
-    pub(crate) fn free_containing(&self, at: u64, len: usize) -> Option<(u64, usize)> {
-        self.free
+    /// `[at, end)` became mapped: merge it with the runs it touches.
+    fn occupy(&mut self, at: u64, end: u64) {
+        let mut start = at;
+        let before = self
+            .occupied
             .range(..=at)
             .next_back()
-            .filter(|(&s, &l)| s + l as u64 >= at + len as u64)
-            .map(|(&s, &l)| (s, l))
+            .map(|(&s, &e)| (s, e));
+        if let Some((s, e)) = before.filter(|&(_, e)| e == at) {
+            self.occupied.remove(&s);
+            start = s;
+            debug_assert_eq!(e, at);
+        }
+        let end = self.occupied.remove(&end).unwrap_or(end);
+        self.occupied.insert(start, end);
+    }
+
+    /// `[at, end)` is no longer mapped: split the run holding it.
+    fn vacate(&mut self, at: u64, end: u64) {
+        let run = self
+            .occupied
+            .range(..=at)
+            .next_back()
+            .map(|(&s, &e)| (s, e));
+        let Some((s, e)) = run.filter(|&(_, e)| e >= end) else {
+            debug_assert!(false, "vacating {at:#x}..{end:#x}, which is not occupied");
+            return;
+        };
+        self.occupied.remove(&s);
+        if s < at {
+            self.occupied.insert(s, at);
+        }
+        if end < e {
+            self.occupied.insert(end, e);
+        }
     }
 
     /// Chunks lying wholly inside free ranges: their pages hold nothing and can be unmapped.
-    pub(crate) fn free_chunks(&self) -> Vec<(u64, Chunk)> {
-        self.chunks
-            .iter()
-            .filter(|(&at, c)| self.free_containing(at, c.len).is_some())
-            .map(|(&at, &c)| (at, c))
-            .collect()
+    /// Each comes with the end of the free range holding it, in address order: unmapping chunks
+    /// in that order leaves each next one in the range that still ends there (`carve_free`).
+    pub(crate) fn free_chunks(&self) -> Vec<FreeChunk> {
+        let mut out = Vec::new();
+        if self.free.is_empty() {
+            return out;
+        }
+        // One walk over both, in address order: the only range that can hold a chunk is the
+        // first one ending after the chunk's start.
+        let ranges = self.free.sorted();
+        let mut r = 0;
+        for (&at, &chunk) in &self.chunks {
+            while r < ranges.len() && ranges[r].0 + ranges[r].1 as u64 <= at {
+                r += 1;
+            }
+            let Some(&(start, len)) = ranges.get(r) else {
+                break;
+            };
+            let end = start + len as u64;
+            if start <= at && at + chunk.len as u64 <= end {
+                out.push(FreeChunk {
+                    at,
+                    chunk,
+                    range_end: end,
+                });
+            }
+        }
+        out
     }
 
     /// Whether `[at, at + len)` lies in contiguous chunks.

@@ -28,7 +28,7 @@ impl<B: Backend> State<B> {
                     state: BlockState::ActivePendingFree,
                 });
             }
-            for (&at, &len) in &seg.free {
+            for (at, len) in seg.free.sorted() {
                 blocks.push(BlockInfo {
                     address: DevAddr::new(at),
                     size: len,

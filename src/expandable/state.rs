@@ -3,18 +3,21 @@
 //! Blocks are carved best-fit (smallest free range that fits, lowest address on ties) from the free
 //! ranges of the request's (stream, pool); when none fits, a segment grows (`growth.rs`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap;
 
 use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
 use crate::config::{round_size, Config, ConfigError, ONE_EXA_BYTES, SMALL_SIZE};
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::expandable::handle_cache::HandleCache;
 use crate::expandable::recent_frees::RecentFrees;
-use crate::expandable::segment::{Chunk, Segment};
+use crate::expandable::segment::{Chunk, FreeChunk, Segment};
+use crate::expandable::size_index::Indexes;
 use crate::stats::{MemoryStats, PoolKind};
 use crate::units::DevAddr;
 
-/// How many freed addresses are remembered to tell a double free from a foreign pointer.
+/// Slots of the table of recent frees that tells a double free from a foreign pointer.
 const RECENT_FREES: usize = 4096;
 
 #[derive(Clone, Debug)]
@@ -57,16 +60,16 @@ pub(crate) struct State<B: Backend> {
     pub(crate) access: Vec<Access>,
     /// va start -> segment
     pub(crate) segments: BTreeMap<u64, Segment>,
-    /// (stream, pool) -> {(len, start)} of every free range: the best-fit index.
-    pub(crate) index: HashMap<(StreamId, PoolKind), BTreeSet<(usize, u64)>>,
-    pub(crate) live: HashMap<u64, Block>,
+    /// (stream, pool) -> every free range by (len, start): the best-fit index.
+    pub(crate) index: Indexes,
+    pub(crate) live: FxHashMap<u64, Block>,
     pub(crate) pending: Vec<Pending>,
     pub(crate) cache: HandleCache,
     pub(crate) stats: MemoryStats,
     recent_frees: RecentFrees,
     /// Streams on which a block was freed since the stream was last synchronized: only their free
-    /// pages may still be touched by queued work (Note [Syncs]).
-    unsynced_frees: BTreeSet<StreamId>,
+    /// pages may still be touched by queued work (Note [Syncs]). A handful of streams at most.
+    unsynced_frees: Vec<StreamId>,
 }
 
 impl<B: Backend> State<B> {
@@ -99,69 +102,90 @@ impl<B: Backend> State<B> {
             limit,
             access,
             segments: BTreeMap::new(),
-            index: HashMap::new(),
-            live: HashMap::new(),
+            index: Indexes::default(),
+            live: FxHashMap::default(),
             pending: Vec::new(),
             cache: HandleCache::default(),
             stats,
             recent_frees: RecentFrees::new(RECENT_FREES),
-            unsynced_frees: BTreeSet::new(),
+            unsynced_frees: Vec::new(),
         })
     }
 
     // ---- free ranges ----------------------------------------------------------------------
-
-    fn index_of(&mut self, seg: u64) -> &mut BTreeSet<(usize, u64)> {
-        let key = {
-            let s = &self.segments[&seg];
-            (s.stream, s.pool)
-        };
-        self.index.entry(key).or_default()
-    }
+    //
+    // Every free range is in two places: its segment's `free` map (by address, for coalescing)
+    // and the best-fit `index` of the segment's (stream, pool). These four functions are the
+    // only ones that change either.
 
     /// Records a free range without coalescing (the caller knows it touches no other).
     pub(crate) fn insert_free_raw(&mut self, seg: u64, at: u64, len: usize) {
         if len == 0 {
             return;
         }
-        if let Some(s) = self.segments.get_mut(&seg) {
-            s.free.insert(at, len);
-        }
-        self.index_of(seg).insert((len, at));
+        let Some(s) = self.segments.get_mut(&seg) else {
+            return;
+        };
+        s.free.insert(at, len);
+        let key = (s.stream, s.pool);
+        self.index.of(key).insert(len, at);
     }
 
     fn remove_free(&mut self, seg: u64, at: u64) -> Option<usize> {
-        let len = self.segments.get_mut(&seg)?.free.remove(&at)?;
-        self.index_of(seg).remove(&(len, at));
+        let s = self.segments.get_mut(&seg)?;
+        let len = s.free.remove(at)?;
+        self.index.of((s.stream, s.pool)).remove(len, at);
         Some(len)
     }
 
     /// Adds `[at, at + len)` to the free ranges, merging it with free neighbours.
     pub(crate) fn add_free(&mut self, seg: u64, at: u64, len: usize) {
-        let (mut start, mut total) = (at, len);
-        if let Some((prev, _)) = self.segments[&seg].free_ending_at(at) {
-            let plen = self.remove_free(seg, prev).unwrap_or(0);
-            start = prev;
-            total += plen;
+        let Some(s) = self.segments.get_mut(&seg) else {
+            return;
+        };
+        let m = s.free.insert_merging(at, len);
+        let ix = self.index.of((s.stream, s.pool));
+        for (n_at, n_len) in m.prev.into_iter().chain(m.next) {
+            ix.remove(n_len, n_at);
         }
-        if let Some(nlen) = self.remove_free(seg, at + len as u64) {
-            total += nlen;
-        }
-        self.insert_free_raw(seg, start, total);
+        ix.insert(m.len, m.start);
     }
 
-    /// Removes `[at, at + len)` from the free range that contains it, keeping what is left.
-    pub(crate) fn carve_free(&mut self, seg: u64, at: u64, len: usize) {
-        let found = self.segments[&seg].free_containing(at, len);
+    /// Takes `[at, at + take)` from the front of the free range `[at, at + len)`.
+    fn take_front(&mut self, seg: u64, at: u64, len: usize, take: usize) {
+        if take == len {
+            self.remove_free(seg, at);
+            return;
+        }
+        let Some(s) = self.segments.get_mut(&seg) else {
+            return;
+        };
+        s.free.take_front(at, len, take);
+        let ix = self.index.of((s.stream, s.pool));
+        ix.remove(len, at);
+        ix.insert(len - take, at + take as u64);
+    }
+
+    /// Removes `[at, at + len)` from the free range ending at `range_end` that contains it,
+    /// keeping what is left on either side.
+    pub(crate) fn carve_free(&mut self, seg: u64, at: u64, len: usize, range_end: u64) {
+        let found = self.segments[&seg]
+            .free
+            .ending_at(range_end)
+            .filter(|&(start, _)| start <= at && at + len as u64 <= range_end);
         debug_assert!(
             found.is_some(),
             "carving {at:#x}+{len:#x}, which is not free"
         );
         let Some((start, flen)) = found else { return };
+        if start == at {
+            self.take_front(seg, at, flen, len);
+            return;
+        }
         self.remove_free(seg, start);
         self.insert_free_raw(seg, start, (at - start) as usize);
         let end = at + len as u64;
-        self.insert_free_raw(seg, end, (start + flen as u64 - end) as usize);
+        self.insert_free_raw(seg, end, (range_end - end) as usize);
     }
 
     pub(crate) fn segment_of(&self, addr: u64) -> Option<u64> {
@@ -194,16 +218,23 @@ impl<B: Backend> State<B> {
         };
         // Without sync only queries run, and a failing query just leaves its block pending.
         let _ = self.process_events(false);
-        let at = match self.find_free(stream, pool, rounded) {
-            Some(at) => at,
+        let (at, seg, range_len) = match self.find_free(stream, pool, rounded) {
+            Some((at, len)) => (at, self.segment_of(at), len),
             None => {
                 let grown = self.grow_or_oom(stream, pool, rounded);
                 self.trim_to_bound();
-                grown?
+                let at = grown?;
+                let seg = self.segment_of(at);
+                let len = seg.and_then(|k| self.segments[&k].free.starting_at(at));
+                (at, seg, len.unwrap_or(0))
             }
         };
-        let seg = self.segment_of(at).expect("a free range lies in a segment");
-        self.carve_free(seg, at, rounded);
+        let seg = seg.expect("a free range lies in a segment");
+        debug_assert!(
+            range_len >= rounded,
+            "growth returns a free range that fits"
+        );
+        self.take_front(seg, at, range_len, rounded);
         self.live.insert(
             at,
             Block {
@@ -232,9 +263,9 @@ impl<B: Backend> State<B> {
 
     /// Best fit: the smallest free range of (stream, pool) that holds `rounded`, lowest address
     /// on ties. With `faithful_oversize`, PyTorch's `max_split_size` rules apply.
-    fn find_free(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<u64> {
-        let set = self.index.get(&(stream, pool))?;
-        let &(len, at) = set.range((rounded, 0)..).next()?;
+    /// Returns the range's (start, length).
+    fn find_free(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<(u64, usize)> {
+        let (len, at) = self.index.get((stream, pool))?.best_fit(rounded)?;
         if self.config.faithful_oversize {
             if let Some(max_split) = self.config.max_split_size {
                 if rounded < max_split && len >= max_split {
@@ -247,7 +278,7 @@ impl<B: Backend> State<B> {
                 }
             }
         }
-        Some(at)
+        Some((at, len))
     }
 
     fn grow_or_oom(
@@ -264,7 +295,7 @@ impl<B: Backend> State<B> {
         // Last resort, as PyTorch: wait for every pending free, give every free page back, retry.
         self.stats.num_alloc_retries += 1;
         self.release_cached(false)?;
-        if let Some(at) = self.find_free(stream, pool, rounded) {
+        if let Some((at, _)) = self.find_free(stream, pool, rounded) {
             return Ok(at);
         }
         match self.grow(stream, pool, rounded) {
@@ -298,7 +329,7 @@ impl<B: Backend> State<B> {
 
     pub(crate) fn deallocate(&mut self, ptr: DevAddr) -> Result<(), AllocError> {
         let addr = ptr.get();
-        let Some(block) = self.live.get(&addr) else {
+        let Some(block) = self.live.remove(&addr) else {
             return Err(
                 if self.recent_frees.contains(addr) || self.pending.iter().any(|p| p.addr == addr) {
                     AllocError::DoubleFree(ptr)
@@ -323,11 +354,11 @@ impl<B: Backend> State<B> {
                             self.backend.release_event(e),
                         );
                     }
+                    self.live.insert(addr, block);
                     return Err(err.into());
                 }
             }
         }
-        let block = self.live.remove(&addr).expect("checked above");
         self.stats.allocation.decrease(block.pool, 1);
         self.stats
             .allocated_bytes
@@ -347,7 +378,9 @@ impl<B: Backend> State<B> {
 
     fn free_block(&mut self, addr: u64, block: &Block) {
         if let Some(seg) = self.segments.get(&block.seg) {
-            self.unsynced_frees.insert(seg.stream);
+            if !self.unsynced_frees.contains(&seg.stream) {
+                self.unsynced_frees.push(seg.stream);
+            }
         }
         self.add_free(block.seg, addr, block.size);
         let s = &mut self.stats;
@@ -374,7 +407,7 @@ impl<B: Backend> State<B> {
             CallKind::Synchronize,
             self.backend.synchronize(stream),
         )?;
-        self.unsynced_frees.remove(&stream);
+        self.unsynced_frees.retain(|&s| s != stream);
         Ok(())
     }
 
@@ -411,7 +444,7 @@ impl<B: Backend> State<B> {
                     CallKind::Synchronize,
                     self.backend.synchronize(s),
                 )?;
-                self.unsynced_frees.remove(&s);
+                self.unsynced_frees.retain(|&u| u != s);
             }
         }
         let mut i = 0;
@@ -462,9 +495,9 @@ impl<B: Backend> State<B> {
             if !chunks.is_empty() {
                 self.sync_before_unmap(self.segments[&seg].stream)?;
             }
-            for (at, chunk) in chunks {
-                self.unmap_chunk(seg, at, chunk)?;
-                self.unmapped_handle(chunk)?;
+            for c in chunks {
+                self.unmap_chunk(seg, c)?;
+                self.unmapped_handle(c.chunk)?;
             }
             let s = &self.segments[&seg];
             if s.chunks.is_empty() && s.stuck.is_empty() {
@@ -498,7 +531,7 @@ impl<B: Backend> State<B> {
             let unmapped = self.backend.unmap(DevAddr::new(at), chunk.len);
             track(&mut self.stats, CallKind::Unmap, unmapped)?;
             if let Some(s) = self.segments.get_mut(&seg) {
-                s.stuck.remove(&at);
+                s.remove_stuck(at);
             }
             self.unmapped_handle(chunk)?;
         }
@@ -519,20 +552,20 @@ impl<B: Backend> State<B> {
     }
 
     /// Unmaps one free chunk and takes it out of the free ranges; the handle is the caller's.
-    pub(crate) fn unmap_chunk(
-        &mut self,
-        seg: u64,
-        at: u64,
-        chunk: Chunk,
-    ) -> Result<(), BackendError> {
+    pub(crate) fn unmap_chunk(&mut self, seg: u64, free: FreeChunk) -> Result<(), BackendError> {
+        let FreeChunk {
+            at,
+            chunk,
+            range_end,
+        } = free;
         track(
             &mut self.stats,
             CallKind::Unmap,
             self.backend.unmap(DevAddr::new(at), chunk.len),
         )?;
-        self.carve_free(seg, at, chunk.len);
+        self.carve_free(seg, at, chunk.len, range_end);
         let s = self.segments.get_mut(&seg).expect("live segment");
-        s.chunks.remove(&at);
+        s.remove_chunk(at);
         s.mapped_bytes -= chunk.len;
         let pool = s.pool;
         self.stats.reserved_bytes.decrease(pool, chunk.len as u64);

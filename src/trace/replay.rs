@@ -1,7 +1,7 @@
 //! The replay engine: drives an allocator over a [`Trace`] on the Sim backend (exact, no GPU)
 //! and measures what it needed.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::Instant;
 
 use crate::backend::{CallCounts, SimBackend, SimConfig};
@@ -202,7 +202,7 @@ fn drive<A: Allocator>(
     let stride = (total / opts.timeline_points.max(1) as u64).max(1);
     let mut run = Run {
         alloc,
-        live: HashMap::new(),
+        live: FxHashMap::default(),
         live_bytes: 0,
         peak_live: 0,
         peak_reserved: 0,
@@ -319,7 +319,7 @@ pub fn min_capacity(
 
 struct Run<'a, A: Allocator> {
     alloc: &'a A,
-    live: HashMap<u64, (Allocation, u64)>,
+    live: FxHashMap<u64, (Allocation, u64)>,
     live_bytes: u64,
     peak_live: u64,
     peak_reserved: u64,
@@ -378,11 +378,10 @@ impl<A: Allocator> Run<'_, A> {
 
     /// Ends one replayed event.
     fn tick(&mut self) {
-        let s = self.alloc.stats();
         if let Some(h) = &mut self.history {
-            h.end_step(self.alloc, &s);
+            h.end_step(self.alloc, &self.alloc.stats());
         }
-        let reserved = s.reserved_bytes.all.current + s.handle_cache_bytes;
+        let reserved = self.alloc.held_bytes();
         self.peak_reserved = self.peak_reserved.max(reserved);
         self.bucket.live = self.bucket.live.max(self.live_bytes);
         self.bucket.reserved = self.bucket.reserved.max(reserved);
