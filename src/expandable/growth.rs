@@ -256,12 +256,12 @@ impl<B: Backend> State<B> {
         if from_cache {
             self.cache.put(handle, len);
         } else {
-            // A release failure leaves the handle with the backend; nothing else can be done.
-            let _ = track(
-                &mut self.stats,
-                CallKind::Release,
-                self.backend.release(handle),
-            );
+            // A handle whose release fails is kept in the cache, to be released by the next
+            // trim (the allocation's end trims to the bound, 0 without the cache): never lost.
+            let released = self.backend.release(handle);
+            if track(&mut self.stats, CallKind::Release, released).is_err() {
+                self.cache.put(handle, len);
+            }
         }
     }
 

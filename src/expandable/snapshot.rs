@@ -65,6 +65,9 @@ impl<B: Backend> State<B> {
                 let _ = self.backend.release_event(e);
             }
         }
+        for e in std::mem::take(&mut self.unreleased_events) {
+            let _ = self.backend.release_event(e);
+        }
         for seg in std::mem::take(&mut self.segments).into_values() {
             for (&at, c) in seg.chunks.iter().chain(&seg.stuck) {
                 let _ = self.backend.unmap(DevAddr::new(at), c.len);

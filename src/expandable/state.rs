@@ -70,6 +70,9 @@ pub(crate) struct State<B: Backend> {
     /// Streams on which a block was freed since the stream was last synchronized: only their free
     /// pages may still be touched by queued work (Note [Syncs]). A handful of streams at most.
     unsynced_frees: Vec<StreamId>,
+    /// Events whose release failed: tried again by the next `process_events` and at teardown,
+    /// so a driver hiccup does not leak them.
+    pub(crate) unreleased_events: Vec<EventId>,
 }
 
 impl<B: Backend> State<B> {
@@ -109,6 +112,7 @@ impl<B: Backend> State<B> {
             stats,
             recent_frees: RecentFrees::new(RECENT_FREES),
             unsynced_frees: Vec::new(),
+            unreleased_events: Vec::new(),
         })
     }
 
@@ -348,11 +352,7 @@ impl<B: Backend> State<B> {
                 Ok(e) => events.push((s, e)),
                 Err(err) => {
                     for (_, e) in events {
-                        let _ = track(
-                            &mut self.stats,
-                            CallKind::ReleaseEvent,
-                            self.backend.release_event(e),
-                        );
+                        self.release_event(e);
                     }
                     self.live.insert(addr, block);
                     return Err(err.into());
@@ -429,6 +429,11 @@ impl<B: Backend> State<B> {
     /// Frees the pending blocks whose events have all completed; with `sync`, first waits for
     /// every stream they wait on. Returns the first backend error met while syncing.
     pub(crate) fn process_events(&mut self, sync: bool) -> Result<(), BackendError> {
+        if !self.unreleased_events.is_empty() {
+            for e in std::mem::take(&mut self.unreleased_events) {
+                self.release_event(e);
+            }
+        }
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -462,12 +467,8 @@ impl<B: Backend> State<B> {
             });
             if done {
                 let p = self.pending.swap_remove(i);
-                for (_, e) in &p.events {
-                    let _ = track(
-                        &mut self.stats,
-                        CallKind::ReleaseEvent,
-                        self.backend.release_event(*e),
-                    );
+                for &(_, e) in &p.events {
+                    self.release_event(e);
                 }
                 self.free_block(p.addr, &p.block);
             } else {
@@ -475,6 +476,15 @@ impl<B: Backend> State<B> {
             }
         }
         Ok(())
+    }
+
+    /// Releases an event no pending block waits for any more; one whose release fails is kept
+    /// and tried again later (`unreleased_events`).
+    fn release_event(&mut self, e: EventId) {
+        let released = self.backend.release_event(e);
+        if track(&mut self.stats, CallKind::ReleaseEvent, released).is_err() {
+            self.unreleased_events.push(e);
+        }
     }
 
     // ---- empty_cache ----------------------------------------------------------------------
@@ -487,6 +497,14 @@ impl<B: Backend> State<B> {
     /// every segment, frees segments left with no page, and (with `trim`) releases cached handles
     /// beyond the cache limit.
     pub(crate) fn release_cached(&mut self, trim: bool) -> Result<(), AllocError> {
+        let result = self.release_cached_until_error(trim);
+        // Also after an error: handles unmapped before it are in the cache, and the stats must
+        // say so.
+        self.sync_cache_stats();
+        result
+    }
+
+    fn release_cached_until_error(&mut self, trim: bool) -> Result<(), AllocError> {
         self.process_events(true)?;
         let keys: Vec<u64> = self.segments.keys().copied().collect();
         for seg in keys {
@@ -505,23 +523,34 @@ impl<B: Backend> State<B> {
             }
         }
         if trim {
-            self.trim_cache(self.config.handle_cache_limit)?;
+            self.trim_cache(self.cache_bound())?;
         }
-        self.sync_cache_stats();
         Ok(())
     }
 
     /// Keeps the handle of an unmapped chunk in the cache, or releases it without the cache.
+    /// A handle whose release fails goes to the cache all the same, whatever the config: it
+    /// is released by the next trim (`trim_to_bound` keeps none without the cache), never lost.
     fn unmapped_handle(&mut self, chunk: Chunk) -> Result<(), BackendError> {
         if self.config.handle_cache {
             self.cache.put(chunk.handle, chunk.len);
             return Ok(());
         }
-        track(
-            &mut self.stats,
-            CallKind::Release,
-            self.backend.release(chunk.handle),
-        )
+        let released = self.backend.release(chunk.handle);
+        let result = track(&mut self.stats, CallKind::Release, released);
+        if result.is_err() {
+            self.cache.put(chunk.handle, chunk.len);
+        }
+        result
+    }
+
+    /// How many bytes of handles may stay cached between calls.
+    fn cache_bound(&self) -> usize {
+        if self.config.handle_cache {
+            self.config.handle_cache_limit
+        } else {
+            0
+        }
     }
 
     /// Tries again to unmap the chunks of `seg` a rollback left mapped (Note [Stuck chunks] in
@@ -543,12 +572,7 @@ impl<B: Backend> State<B> {
     /// runs at its end, so the bound holds between calls. A failed release leaves the handle
     /// cached (consistent; tried again next time): the allocation's result stands.
     fn trim_to_bound(&mut self) {
-        let keep = if self.config.handle_cache {
-            self.config.handle_cache_limit
-        } else {
-            0
-        };
-        let _ = self.trim_cache(keep);
+        let _ = self.trim_cache(self.cache_bound());
     }
 
     /// Unmaps one free chunk and takes it out of the free ranges; the handle is the caller's.
