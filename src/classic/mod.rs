@@ -213,7 +213,17 @@ impl<B: Backend> Drop for ClassicAllocator<B> {
             }
         }
         for (_, seg) in std::mem::take(&mut s.segments) {
-            let _ = device::device_free(&s.backend, &mut s.stats, &seg);
+            if let Err(device::FreeFailed::Partly(_, left)) =
+                device::device_free(&s.backend, &mut s.stats, &seg)
+            {
+                s.debris.push(*left);
+            }
+        }
+        for e in std::mem::take(&mut s.stale_events) {
+            let _ = s.backend.release_event(e);
+        }
+        for mut d in std::mem::take(&mut s.debris) {
+            let _ = d.give_back(&s.backend, &mut s.stats);
         }
     }
 }

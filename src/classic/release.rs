@@ -4,7 +4,7 @@
 
 use crate::backend::{Backend, CallKind, StreamId};
 use crate::classic::blocks::BlockId;
-use crate::classic::device::device_free;
+use crate::classic::device::{device_free, FreeFailed};
 use crate::classic::state::State;
 use crate::error::{AllocError, BackendError};
 use crate::expandable::track;
@@ -30,7 +30,7 @@ impl<B: Backend> State<B> {
                 Ok(e) => recorded.push((s, e)),
                 Err(e) => {
                     for (_, ev) in recorded {
-                        let _ = self.backend.release_event(ev);
+                        self.release_event(ev);
                     }
                     self.blocks.at_mut(id).stream_uses = uses;
                     return Err(e.into());
@@ -156,12 +156,36 @@ impl<B: Backend> State<B> {
         }
     }
 
-    fn event_done(&mut self, event: crate::backend::EventId, id: BlockId) {
-        let _ = track(
+    /// Releases an event; one the backend refuses is kept in `stale_events` and released later,
+    /// never forgotten (it would stay live in the backend for good).
+    fn release_event(&mut self, event: crate::backend::EventId) {
+        let released = track(
             &mut self.stats,
             CallKind::ReleaseEvent,
             self.backend.release_event(event),
         );
+        if released.is_err() {
+            self.stale_events.push(event);
+        }
+    }
+
+    /// Tries again to give back what earlier failures left (stale events, debris of device
+    /// allocations and frees); stops at the first error, keeping the rest.
+    fn give_back_leftovers(&mut self) -> Result<(), BackendError> {
+        while let Some(&e) = self.stale_events.last() {
+            let released = self.backend.release_event(e);
+            track(&mut self.stats, CallKind::ReleaseEvent, released)?;
+            self.stale_events.pop();
+        }
+        while let Some(d) = self.debris.last_mut() {
+            d.give_back(&self.backend, &mut self.stats)?;
+            self.debris.pop();
+        }
+        Ok(())
+    }
+
+    fn event_done(&mut self, event: crate::backend::EventId, id: BlockId) {
+        self.release_event(event);
         let b = self.blocks.at_mut(id);
         b.event_count -= 1;
         if b.event_count == 0 {
@@ -190,6 +214,7 @@ impl<B: Backend> State<B> {
     /// `release_cached_blocks`: waits for pending frees, then frees every free whole segment,
     /// large pool first, each pool in (stream, size, address) order.
     pub(crate) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
+        self.give_back_leftovers()?;
         self.synchronize_and_free_events()?;
         self.release_blocks(PoolKind::Large)?;
         self.release_blocks(PoolKind::Small)?;
@@ -223,7 +248,16 @@ impl<B: Backend> State<B> {
         let Some(seg) = self.segments.get(&ptr).copied() else {
             return Ok(());
         };
-        device_free(&self.backend, &mut self.stats, &seg)?;
+        // If the unmap worked but the rest did not, the segment is gone all the same (its memory
+        // is unmapped: its block must never be handed out again); what is left becomes debris.
+        let failed = match device_free(&self.backend, &mut self.stats, &seg) {
+            Ok(()) => None,
+            Err(FreeFailed::Untouched(e)) => return Err(e.into()),
+            Err(FreeFailed::Partly(e, left)) => {
+                self.debris.push(*left);
+                Some(e)
+            }
+        };
         self.segments.remove(&ptr);
         self.total_allocated_memory -= size;
         self.remove_from_pool(id);
@@ -234,7 +268,7 @@ impl<B: Backend> State<B> {
             self.oversize_segments -= 1;
         }
         self.stats.num_device_free += 1;
-        Ok(())
+        failed.map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// `release_available_cached_blocks`: with `max_split_size` set, frees one oversize block big

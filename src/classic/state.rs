@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
 use crate::classic::blocks::{Arena, Block, BlockId, Pool};
-use crate::classic::device::{device_alloc, DeviceSegment};
+use crate::classic::device::{device_alloc, Debris, DeviceSegment};
 use crate::config::{get_allocation_size, round_size, AllocConf, ONE_EXA_BYTES, SMALL_SIZE};
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::expandable::track;
@@ -31,6 +31,11 @@ pub(crate) struct State<B: Backend> {
     /// Per stream, FIFO: events of blocks used on that stream (`cuda_events`).
     pub(crate) events: BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
     pub(crate) stats: MemoryStats,
+    /// What failed `cudaMalloc` rollbacks and half-done `cudaFree`s could not give back yet
+    /// (outside every segment and stat), retried by `release_cached_blocks` and at teardown.
+    pub(crate) debris: Vec<Debris>,
+    /// Events whose release failed, retried likewise (never forgotten in the backend).
+    pub(crate) stale_events: Vec<EventId>,
     /// `oversize_allocations`, `oversize_segments` (current).
     pub(crate) oversize_allocations: u64,
     pub(crate) oversize_segments: u64,
@@ -67,6 +72,8 @@ impl<B: Backend> State<B> {
             segments: BTreeMap::new(),
             events: BTreeMap::new(),
             stats: MemoryStats::default(),
+            debris: Vec::new(),
+            stale_events: Vec::new(),
             oversize_allocations: 0,
             oversize_segments: 0,
             mallocs: 0,
@@ -304,7 +311,13 @@ impl<B: Backend> State<B> {
 
     /// One `cudaMalloc`, its backend calls counted by kind.
     fn device_malloc(&mut self, size: usize) -> Result<DeviceSegment, BackendError> {
-        device_alloc(&self.backend, &mut self.stats, size, &self.access)
+        device_alloc(
+            &self.backend,
+            &mut self.stats,
+            size,
+            &self.access,
+            &mut self.debris,
+        )
     }
 
     pub(crate) fn oom(&mut self, alloc_size: usize) -> AllocError {

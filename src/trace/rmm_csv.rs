@@ -136,7 +136,7 @@ pub fn parse_rmm_csv(text: &str, name: &str) -> Result<RmmLog, TraceError> {
                     None => skipped_frees += 1,
                 }
             }
-            other => return Err(at(format!("unknown action {other:?}"))),
+            other => return Err(at(format!("unknown action {}", shown(other)))),
         }
     }
     let start = if skipped_frees == 0 {
@@ -174,7 +174,7 @@ impl Columns {
         let names: Vec<&str> = header.split(',').map(str::trim).collect();
         let find = |want: &str| names.iter().position(|n| n.eq_ignore_ascii_case(want));
         let need = |want: &str| {
-            find(want).ok_or_else(|| format!("header {header:?} has no {want:?} column"))
+            find(want).ok_or_else(|| format!("header {} has no {want:?} column", shown(header)))
         };
         let action = need("Action")?;
         let pointer = need("Pointer")?;
@@ -191,6 +191,16 @@ impl Columns {
     }
 }
 
+/// A field as an error message shows it: quoted, and cut to 40 characters. A hostile log can
+/// carry a field of megabytes; echoing it whole would turn one error line into megabytes.
+fn shown(s: &str) -> String {
+    const MAX: usize = 40;
+    match s.char_indices().nth(MAX) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &s[..cut], s.len()),
+    }
+}
+
 fn parse_pointer(s: &str) -> Result<u64, String> {
     if s == "(nil)" {
         return Ok(0);
@@ -199,16 +209,17 @@ fn parse_pointer(s: &str) -> Result<u64, String> {
         .strip_prefix("0x")
         .or_else(|| s.strip_prefix("0X"))
         .unwrap_or(s);
-    parse_digits(digits, 16).ok_or_else(|| format!("pointer {s:?} is not a hexadecimal address"))
+    parse_digits(digits, 16)
+        .ok_or_else(|| format!("pointer {} is not a hexadecimal address", shown(s)))
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
-    let size =
-        parse_digits(s, 10).ok_or_else(|| format!("size {s:?} is not a non-negative integer"));
+    let size = parse_digits(s, 10)
+        .ok_or_else(|| format!("size {} is not a non-negative integer", shown(s)));
     match size {
-        Ok(n) if n > MAX_SIZE => Err(format!("size {s:?} is larger than 2^60")),
+        Ok(n) if n > MAX_SIZE => Err(format!("size {} is larger than 2^60", shown(s))),
         Err(_) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
-            Err(format!("size {s:?} is larger than 2^60"))
+            Err(format!("size {} is larger than 2^60", shown(s)))
         }
         other => other,
     }
@@ -222,7 +233,12 @@ fn parse_stream(s: &str) -> Result<u64, String> {
         Some(hex) => parse_digits(hex, 16),
         None => parse_digits(s, 10),
     };
-    v.ok_or_else(|| format!("stream {s:?} is not a number (hexadecimal with 0x, or decimal)"))
+    v.ok_or_else(|| {
+        format!(
+            "stream {} is not a number (hexadecimal with 0x, or decimal)",
+            shown(s)
+        )
+    })
 }
 
 /// Digits only (no sign, no spaces), fitting in a u64.

@@ -1,0 +1,77 @@
+//! Minimized reproducers of the expandable-allocator bugs the release-side sweeps found, kept as
+//! regression tests: each failed before its fix (stale cache stats after a failed
+//! `empty_cache`; a handle orphaned by a failed release without the cache; a leaked event).
+
+use vmm_alloc::backend::{
+    Backend, CallKind, FaultError, FaultPlan, SimBackend, SimConfig, Trigger,
+};
+use vmm_alloc::config::Config;
+use vmm_alloc::{Allocator, ExpandableAllocator, StreamId};
+
+const MB: usize = 1 << 20;
+
+fn setup(config: Config) -> (SimBackend, ExpandableAllocator<SimBackend>) {
+    let sim = SimBackend::with_config(SimConfig {
+        capacity: 256 * MB,
+        ..SimConfig::default()
+    })
+    .unwrap();
+    let a = ExpandableAllocator::new(sim.clone(), config).unwrap();
+    (sim, a)
+}
+
+fn fail_once(sim: &SimBackend, kind: CallKind) {
+    sim.set_faults(FaultPlan::new().fail(kind, Trigger::Nth(1), FaultError::Injected));
+}
+
+/// `release_cached` returns at the first error (`?`) before `sync_cache_stats()`: the handles
+/// it already unmapped into the cache are not in `handles_cached` / `handle_cache_bytes`.
+#[test]
+
+fn failed_empty_cache_keeps_cache_stats_in_sync() {
+    let (sim, a) = setup(Config::default());
+    let x = a.allocate(30 * MB, StreamId::DEFAULT).unwrap();
+    a.deallocate(x).unwrap();
+    fail_once(&sim, CallKind::FreeReservation);
+    a.empty_cache().unwrap_err();
+    sim.clear_faults();
+    a.check_invariants().unwrap(); // "stat handle_cache_bytes = 0, but the state sums to 41943040"
+}
+
+/// Without the handle cache, `unmapped_handle` releases each unmapped chunk's handle; when that
+/// release fails the handle is neither cached nor released: the allocator forgets it and the
+/// device keeps it until the backend itself is dropped.
+#[test]
+
+fn failed_release_does_not_orphan_the_handle() {
+    let (sim, a) = setup(Config::pytorch_expandable());
+    let x = a.allocate(30 * MB, StreamId::DEFAULT).unwrap();
+    a.deallocate(x).unwrap();
+    fail_once(&sim, CallKind::Release);
+    a.empty_cache().unwrap_err();
+    sim.clear_faults();
+    a.empty_cache().unwrap();
+    drop(a);
+    assert_eq!(sim.live().handles, 0, "{}", sim.live()); // 1 handle left
+}
+
+/// `process_events` ignores a failed `release_event` and forgets the event: it stays live in
+/// the backend for good.
+#[test]
+
+fn failed_event_release_does_not_leak_the_event() {
+    let (sim, a) = setup(Config::default());
+    let side = StreamId::sim(1);
+    sim.hold_stream(side);
+    let x = a.allocate(MB, StreamId::DEFAULT).unwrap();
+    a.record_stream(x.ptr(), side).unwrap();
+    a.deallocate(x).unwrap();
+    sim.release_stream(side);
+    fail_once(&sim, CallKind::ReleaseEvent);
+    let y = a.allocate(MB, StreamId::DEFAULT).unwrap(); // processes the pending free
+    sim.clear_faults();
+    a.deallocate(y).unwrap();
+    a.empty_cache().unwrap();
+    drop(a);
+    assert_eq!(sim.live().events, 0, "{}", sim.live()); // 1 event left
+}
