@@ -5,12 +5,17 @@
 //! [1 B, max]) for max ∈ {1, 64, 256} MiB and 10,000 and 100,000 operations; each run replays it
 //! on a fresh 16 GiB Sim device with `trace::replay::replay`, so the time covers building the
 //! allocator, every allocation and free, and tearing it down. What each allocator needed (OOMs,
-//! peak reserved) does not vary between runs: it is printed once, before the timing.
+//! peak reserved) does not vary between runs: it is printed once, before the timing, and written
+//! to `<target>/bench-extra/churn.json`.
 //! Names: `churn/<allocator>/max<M>MiB/ops<N>`.
+
+#[path = "common/extra.rs"]
+mod extra;
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use extra::Json;
 use vmm_alloc::trace::replay::{replay, Policy, ReplayOptions};
 use vmm_alloc::trace::workloads;
 
@@ -29,6 +34,7 @@ fn churn(c: &mut Criterion) {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
+    let mut runs = Vec::new();
     for max_mib in [1, 64, 256] {
         for ops in [10_000, 100_000] {
             let trace = workloads::rmm_random(SEED, max_mib * MIB, ops);
@@ -39,14 +45,13 @@ fn churn(c: &mut Criterion) {
                 Policy::PytorchExpandable,
             ] {
                 let out = replay(&trace, policy, &opts).expect("replay");
-                println!(
-                    "churn {} {param}: {} events, {} OOMs, peak reserved {:.1} MiB, peak live {:.1} MiB",
-                    policy.name(),
-                    out.events,
-                    out.ooms,
-                    out.peak_reserved_bytes as f64 / MIB as f64,
-                    out.peak_live_bytes as f64 / MIB as f64,
-                );
+                let needed = extra::Needed {
+                    events: out.events,
+                    ooms: out.ooms,
+                    peak_reserved: out.peak_reserved_bytes,
+                    peak_live: out.peak_live_bytes,
+                };
+                runs.push(needed.report("churn", policy.name(), &param));
                 group.bench_function(BenchmarkId::new(policy.name(), &param), |b| {
                     b.iter(|| replay(&trace, policy, &opts).expect("replay"))
                 });
@@ -54,6 +59,13 @@ fn churn(c: &mut Criterion) {
         }
     }
     group.finish();
+    extra::write(
+        "churn",
+        &Json::obj([
+            ("capacity_bytes", opts.capacity.into()),
+            ("runs", Json::Arr(runs)),
+        ]),
+    );
 }
 
 criterion_group!(benches, churn);

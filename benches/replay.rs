@@ -4,42 +4,46 @@
 //! Two traces: the built-in `transformer_training(1)`, always, and the largest file in
 //! `../shared/traces/pytorch` (by size; its device with the most events), when that directory
 //! exists; without it a line saying so is printed and that part is skipped. Criterion reports
-//! the throughput in elements, one element per replayed event (initial blocks included).
+//! the throughput in elements, one element per replayed event (initial blocks included). The
+//! traces and their event counts, and why the shared one was skipped, go to
+//! `<target>/bench-extra/replay.json`.
 //! Names: `replay/<allocator>/<trace>`.
 
-use std::path::{Path, PathBuf};
+#[path = "common/extra.rs"]
+mod extra;
+#[path = "common/shared_trace.rs"]
+mod shared_trace;
+
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use extra::Json;
 use vmm_alloc::trace::replay::{replay, Policy, ReplayOptions};
-use vmm_alloc::trace::snapshot::read_snapshot_file;
-use vmm_alloc::trace::{workloads, Trace};
-
-/// The largest shared PyTorch trace, or why there is none.
-fn largest_shared_trace() -> Result<Trace, String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/pytorch");
-    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let largest: Option<(u64, PathBuf)> = entries
-        .filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "pickle"))
-        .filter_map(|e| Some((e.metadata().ok()?.len(), e.path())))
-        .max();
-    let (_, path) = largest.ok_or_else(|| format!("{}: no .pickle file", dir.display()))?;
-    let traces = read_snapshot_file(&path).map_err(|e| format!("{}: {e:?}", path.display()))?;
-    traces
-        .into_iter()
-        .max_by_key(|t| t.events.len())
-        .ok_or_else(|| format!("{}: no device trace", path.display()))
-}
+use vmm_alloc::trace::workloads;
 
 fn replay_throughput(c: &mut Criterion) {
     let mut traces = vec![workloads::transformer_training(1)];
-    match largest_shared_trace() {
+    let mut skipped = Json::Null;
+    match shared_trace::largest() {
         Ok(t) => traces.push(t),
-        Err(why) => println!("replay: SKIPPED the shared trace ({why})"),
+        Err(why) => {
+            println!("replay: SKIPPED the shared trace ({why})");
+            skipped = why.into();
+        }
     }
     // The default device (80 GiB), as vmm-replay uses: the recorded programs fit in it.
     let opts = ReplayOptions::default();
+    let listed = traces.iter().map(|t| {
+        let events = t.initial.len() + t.events.len();
+        Json::obj([("trace", t.name.clone().into()), ("events", events.into())])
+    });
+    extra::write(
+        "replay",
+        &Json::obj([
+            ("traces", Json::Arr(listed.collect())),
+            ("shared_trace_skipped", skipped),
+        ]),
+    );
     let mut group = c.benchmark_group("replay");
     group
         .sample_size(10)
