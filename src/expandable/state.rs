@@ -618,6 +618,7 @@ impl<B: Backend> State<B> {
             };
             if let Err(e) = track(&mut self.stats, CallKind::Release, self.backend.release(h)) {
                 self.cache.put(h, len);
+                self.sync_cache_stats();
                 return Err(e);
             }
         }

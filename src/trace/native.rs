@@ -364,6 +364,9 @@ impl Reader<'_> {
             .checked_add(n_allocs)
             .ok_or_else(|| self.error("id space overflows".into()))?;
         let mut next_id = n_initial;
+        // Distinct foreign ids so far: a foreign free names one of them or the next (the ids
+        // number them in order of first appearance), so a trace read back writes the same.
+        let mut foreign_seen: u64 = 0;
         let mut sizes: Vec<u64> = Vec::new();
         let mut streams: Vec<u64> = vec![0];
         let mut stream = 0;
@@ -415,6 +418,11 @@ impl Reader<'_> {
                     }
                     OTHER_FOREIGN_FREE => {
                         let j = self.u64("foreign free index")?;
+                        if j > foreign_seen {
+                            let m = format!("foreign index {j} skips ahead of {foreign_seen}");
+                            return Err(bad(self, m));
+                        }
+                        foreign_seen = foreign_seen.max(j + 1);
                         let Some(id) = foreign_base.checked_add(j) else {
                             return Err(bad(self, format!("foreign index {j} overflows")));
                         };

@@ -1,6 +1,7 @@
-//! Minimized reproducers of the expandable-allocator bugs the release-side sweeps found, kept as
-//! regression tests: each failed before its fix (stale cache stats after a failed
-//! `empty_cache`; a handle orphaned by a failed release without the cache; a leaked event).
+//! Minimized reproducers of the expandable-allocator bugs the release-side sweeps and the fuzz
+//! campaign found, kept as regression tests: each failed before its fix (stale cache stats after
+//! a failed `empty_cache` or trim; a handle orphaned by a failed release without the cache; a
+//! leaked event).
 
 use vmm_alloc::backend::{
     Backend, CallKind, FaultError, FaultPlan, SimBackend, SimConfig, Trigger,
@@ -11,8 +12,15 @@ use vmm_alloc::{Allocator, ExpandableAllocator, StreamId};
 const MB: usize = 1 << 20;
 
 fn setup(config: Config) -> (SimBackend, ExpandableAllocator<SimBackend>) {
+    setup_with_capacity(config, 256 * MB)
+}
+
+fn setup_with_capacity(
+    config: Config,
+    capacity: usize,
+) -> (SimBackend, ExpandableAllocator<SimBackend>) {
     let sim = SimBackend::with_config(SimConfig {
-        capacity: 256 * MB,
+        capacity,
         ..SimConfig::default()
     })
     .unwrap();
@@ -74,4 +82,32 @@ fn failed_event_release_does_not_leak_the_event() {
     a.empty_cache().unwrap();
     drop(a);
     assert_eq!(sim.live().events, 0, "{}", sim.live()); // 1 event left
+}
+
+/// A trim whose release failed put the handle back in the cache without updating
+/// `handle_cache_bytes` (found by `fuzz/`, campaign `expandable`, seed 1): a growth on a full
+/// device with cached handles, where the second release fails.
+#[test]
+fn failed_trim_keeps_cache_stats_in_sync() {
+    let config = Config {
+        large_page: 2 * MB,
+        handle_cache_limit: 0,
+        ..Config::default()
+    };
+    let (sim, a) = setup_with_capacity(config, 64 * MB);
+    let x = a.allocate(1, StreamId::sim(1)).unwrap();
+    let y = a.allocate(MB + 1, StreamId::DEFAULT).unwrap();
+    a.deallocate(x).unwrap();
+    a.deallocate(y).unwrap();
+    sim.set_faults(
+        FaultPlan::new()
+            .fail(CallKind::Create, Trigger::From(1), FaultError::OutOfMemory)
+            .fail(CallKind::Release, Trigger::Nth(2), FaultError::Injected),
+    );
+    let _ = a.allocate(7 * MB + 1, StreamId::DEFAULT);
+    sim.clear_faults();
+    a.check_invariants().unwrap();
+    a.empty_cache().unwrap();
+    drop(a);
+    assert_eq!(sim.live().handles, 0, "{}", sim.live());
 }

@@ -359,3 +359,22 @@ fn native_round_trips_real_snapshots() {
     }
     println!("all: {events} events, pickles {pickles} B, native {natives} B");
 }
+
+/// Foreign frees must number their ids in order of first appearance, as the writer does: a file
+/// whose first foreign free says index 5 read as a trace that `write_native` renumbered, so
+/// reading it back gave another trace (found by `fuzz/`, campaign `readers`).
+#[test]
+fn native_refuses_foreign_indexes_out_of_order() {
+    // After the header: no initial blocks, 2 events, 1 allocation: an allocation of a new size,
+    // 4 bytes (tag 2), then a foreign free (tag 3, payload 1) of index `j`.
+    let file = |j: u8| {
+        let mut body = header(1);
+        body.extend([0, 2, 1, 4 << 2 | 2, 1 << 2 | 3, j]);
+        sealed(body)
+    };
+    let first = read_native(&file(0), "x").unwrap();
+    assert_eq!(first.events[1], free(1));
+    assert_eq!(read_native(&write_native(&first), "x").unwrap(), first);
+    let err = message(read_native(&file(5), "x"));
+    assert!(err.contains("foreign"), "{err}");
+}
