@@ -271,18 +271,18 @@ impl<B: Backend> State<B> {
         for c in self.unmap_grown(grown) {
             self.give_back(c.handle, c.len, c.from_cache);
         }
-        let seg = &self.segments[&target.seg];
-        if target.new_segment && seg.stuck.is_empty() {
-            let va = seg.va;
-            let freed = track(
-                &mut self.stats,
-                CallKind::FreeReservation,
-                self.backend.free_reservation(va),
-            );
-            // If the free fails, the segment stays, empty: `release_cached` frees it later.
-            if freed.is_ok() {
-                if let Some(s) = self.segments.remove(&target.seg) {
-                    self.stats.segment.decrease(s.pool, 1);
+        if target.new_segment {
+            // The segment this growth reserved goes, whatever happens: a failed call must leave
+            // the allocator as it was. What the driver will not give back yet (the reservation,
+            // chunks it would not unmap) is kept aside and given back later (Note [Abandoned]).
+            if let Some(seg) = self.segments.remove(&target.seg) {
+                self.stats.segment.decrease(seg.pool, 1);
+                let abandoned = Abandoned {
+                    va: seg.va,
+                    stuck: seg.stuck.into_iter().collect(),
+                };
+                if let Err(left) = self.give_back_abandoned(abandoned) {
+                    self.abandoned.push(left);
                 }
             }
         }
@@ -332,5 +332,36 @@ impl<B: Backend> State<B> {
             }
         }
         unmapped
+    }
+}
+
+/// Note [Abandoned]: a rolled-back growth's new segment whose reservation the driver refused to
+/// free, or holding chunks it refused to unmap. It is no segment any more (nothing can be
+/// allocated in it, no statistic counts it), but what it holds must not leak: `empty_cache`
+/// tries again to give it back, and teardown does.
+#[derive(Debug)]
+pub(crate) struct Abandoned {
+    pub(crate) va: crate::units::VaRange,
+    pub(crate) stuck: Vec<(u64, Chunk)>,
+}
+
+impl<B: Backend> State<B> {
+    /// Unmaps an abandoned segment's chunks (their handles to the cache or released) and frees
+    /// its reservation; on a failure returns what is left, to be tried again later.
+    pub(crate) fn give_back_abandoned(&mut self, mut a: Abandoned) -> Result<(), Abandoned> {
+        while let Some(&(at, chunk)) = a.stuck.last() {
+            let unmapped = self.backend.unmap(DevAddr::new(at), chunk.len);
+            if track(&mut self.stats, CallKind::Unmap, unmapped).is_err() {
+                return Err(a);
+            }
+            a.stuck.pop();
+            // A failed release keeps the handle in the cache (released by a later trim).
+            let _ = self.unmapped_handle(chunk);
+        }
+        let freed = self.backend.free_reservation(a.va);
+        if track(&mut self.stats, CallKind::FreeReservation, freed).is_err() {
+            return Err(a);
+        }
+        Ok(())
     }
 }

@@ -10,6 +10,7 @@ use rustc_hash::FxHashMap;
 use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
 use crate::config::{round_size, Config, ConfigError, ONE_EXA_BYTES, SMALL_SIZE};
 use crate::error::{AllocError, BackendError, OomReport};
+use crate::expandable::growth::Abandoned;
 use crate::expandable::handle_cache::HandleCache;
 use crate::expandable::recent_frees::RecentFrees;
 use crate::expandable::segment::{Chunk, FreeChunk, Segment};
@@ -73,6 +74,9 @@ pub(crate) struct State<B: Backend> {
     /// Events whose release failed: tried again by the next `process_events` and at teardown,
     /// so a driver hiccup does not leak them.
     pub(crate) unreleased_events: Vec<EventId>,
+    /// New segments of rolled-back growths the driver would not fully give back yet
+    /// (Note [Abandoned] in `growth.rs`).
+    pub(crate) abandoned: Vec<Abandoned>,
 }
 
 impl<B: Backend> State<B> {
@@ -113,6 +117,7 @@ impl<B: Backend> State<B> {
             recent_frees: RecentFrees::new(RECENT_FREES),
             unsynced_frees: Vec::new(),
             unreleased_events: Vec::new(),
+            abandoned: Vec::new(),
         })
     }
 
@@ -506,6 +511,11 @@ impl<B: Backend> State<B> {
 
     fn release_cached_until_error(&mut self, trim: bool) -> Result<(), AllocError> {
         self.process_events(true)?;
+        for a in std::mem::take(&mut self.abandoned) {
+            if let Err(left) = self.give_back_abandoned(a) {
+                self.abandoned.push(left);
+            }
+        }
         let keys: Vec<u64> = self.segments.keys().copied().collect();
         for seg in keys {
             self.unmap_stuck(seg)?;
@@ -531,7 +541,7 @@ impl<B: Backend> State<B> {
     /// Keeps the handle of an unmapped chunk in the cache, or releases it without the cache.
     /// A handle whose release fails goes to the cache all the same, whatever the config: it
     /// is released by the next trim (`trim_to_bound` keeps none without the cache), never lost.
-    fn unmapped_handle(&mut self, chunk: Chunk) -> Result<(), BackendError> {
+    pub(crate) fn unmapped_handle(&mut self, chunk: Chunk) -> Result<(), BackendError> {
         if self.config.handle_cache {
             self.cache.put(chunk.handle, chunk.len);
             return Ok(());
