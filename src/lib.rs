@@ -25,6 +25,7 @@
 
 pub mod backend;
 pub mod error;
+mod sync;
 pub mod units;
 
 #[cfg(feature = "cuda")]

@@ -19,7 +19,7 @@ mod state;
 
 pub use seed::SeedBlock;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::allocator::{Allocation, Allocator};
 use crate::backend::{Backend, StreamId};

@@ -20,7 +20,7 @@ mod state;
 // The classic allocator counts its backend calls the same way.
 pub(crate) use state::track;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::allocator::{Allocation, Allocator};
 use crate::backend::{Backend, StreamId};
