@@ -516,7 +516,7 @@ fn check_snapshot(stats: &MemoryStats, snap: &Snapshot, classic: bool) -> Result
 /// reservation it forgot, none it counts but gave back. With `exact` false (a fault fired and no
 /// `empty_cache` has run since), the backend may hold more: what a failed call could not give
 /// back, which the allocator keeps to give back later (classic "debris", expandable "stuck"
-/// chunks); `empty_cache` must then give it all back.
+/// chunks and abandoned reservations); `empty_cache` must then give it all back.
 fn check_backend(
     stats: &MemoryStats,
     snap: &Snapshot,
@@ -541,8 +541,9 @@ fn check_backend(
         }
     } else {
         // Chunks a failed rollback could not unmap ("stuck") stay mapped outside `reserved`,
-        // each still one mapping of one handle.
-        live.reservations == segments
+        // each still one mapping of one handle; a rolled-back new segment whose reservation
+        // would not free is no segment any more but still a reservation (Note [Abandoned]).
+        (live.reservations == segments || !exact && live.reservations > segments)
             && live.handles == live.mappings + stats.handles_cached as usize
             && live.mapped_bytes >= reserved
             && (!exact || live.mapped_bytes == reserved)
