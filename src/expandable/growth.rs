@@ -126,7 +126,6 @@ impl<B: Backend> State<B> {
         self.stats.num_device_alloc += grown.len() as u64;
         self.stats.handle_reuses += grown.iter().filter(|c| c.from_cache).count() as u64;
         self.add_free(target.seg, target.hole_start, run);
-        self.sync_cache_stats();
         Ok(target.start)
     }
 
@@ -256,12 +255,7 @@ impl<B: Backend> State<B> {
         if from_cache {
             self.cache.put(handle, len);
         } else {
-            // A handle whose release fails is kept in the cache, to be released by the next
-            // trim (the allocation's end trims to the bound, 0 without the cache): never lost.
-            let released = self.backend.release(handle);
-            if track(&mut self.stats, CallKind::Release, released).is_err() {
-                self.cache.put(handle, len);
-            }
+            let _ = self.release_or_keep(handle, len);
         }
     }
 
@@ -286,7 +280,6 @@ impl<B: Backend> State<B> {
                 }
             }
         }
-        self.sync_cache_stats();
         cause
     }
 

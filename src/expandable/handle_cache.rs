@@ -62,4 +62,11 @@ impl HandleCache {
     pub(crate) fn count(&self) -> usize {
         self.count
     }
+
+    /// Whether the running totals equal the lists' sums: for `check`.
+    pub(crate) fn consistent(&self) -> bool {
+        let count: usize = self.by_len.values().map(Vec::len).sum();
+        let bytes: usize = self.by_len.iter().map(|(len, v)| len * v.len()).sum();
+        (count, bytes) == (self.count, self.bytes) && self.by_len.values().all(|v| !v.is_empty())
+    }
 }

@@ -93,12 +93,12 @@ impl<B: Backend> Allocator for ExpandableAllocator<B> {
     }
 
     fn stats(&self) -> MemoryStats {
-        self.state.lock().stats
+        self.state.lock().stats_now()
     }
 
     fn held_bytes(&self) -> u64 {
-        let s = &self.state.lock().stats;
-        s.reserved_bytes.all.current + s.handle_cache_bytes
+        let s = self.state.lock();
+        s.stats.reserved_bytes.all.current + s.cache.bytes() as u64
     }
 
     fn reset_peak_stats(&self) {

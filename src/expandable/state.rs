@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
-use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
+use crate::backend::{Access, Backend, CallKind, EventId, PhysHandle, StreamId};
 use crate::config::{round_size, Config, ConfigError, ONE_EXA_BYTES, SMALL_SIZE};
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::expandable::growth::Abandoned;
@@ -502,14 +502,6 @@ impl<B: Backend> State<B> {
     /// every segment, frees segments left with no page, and (with `trim`) releases cached handles
     /// beyond the cache limit.
     pub(crate) fn release_cached(&mut self, trim: bool) -> Result<(), AllocError> {
-        let result = self.release_cached_until_error(trim);
-        // Also after an error: handles unmapped before it are in the cache, and the stats must
-        // say so.
-        self.sync_cache_stats();
-        result
-    }
-
-    fn release_cached_until_error(&mut self, trim: bool) -> Result<(), AllocError> {
         self.process_events(true)?;
         for a in std::mem::take(&mut self.abandoned) {
             if let Err(left) = self.give_back_abandoned(a) {
@@ -539,17 +531,26 @@ impl<B: Backend> State<B> {
     }
 
     /// Keeps the handle of an unmapped chunk in the cache, or releases it without the cache.
-    /// A handle whose release fails goes to the cache all the same, whatever the config: it
-    /// is released by the next trim (`trim_to_bound` keeps none without the cache), never lost.
     pub(crate) fn unmapped_handle(&mut self, chunk: Chunk) -> Result<(), BackendError> {
         if self.config.handle_cache {
             self.cache.put(chunk.handle, chunk.len);
             return Ok(());
         }
-        let released = self.backend.release(chunk.handle);
+        self.release_or_keep(chunk.handle, chunk.len)
+    }
+
+    /// Releases a handle the allocator no longer needs. One whose release fails goes to the
+    /// cache, whatever the config, so it is never lost: the next trim (`trim_to_bound` keeps
+    /// none without the cache) releases it again.
+    pub(crate) fn release_or_keep(
+        &mut self,
+        h: PhysHandle,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        let released = self.backend.release(h);
         let result = track(&mut self.stats, CallKind::Release, released);
         if result.is_err() {
-            self.cache.put(chunk.handle, chunk.len);
+            self.cache.put(h, len);
         }
         result
     }
@@ -626,19 +627,18 @@ impl<B: Backend> State<B> {
             let Some((h, len)) = self.cache.take_largest() else {
                 break;
             };
-            if let Err(e) = track(&mut self.stats, CallKind::Release, self.backend.release(h)) {
-                self.cache.put(h, len);
-                self.sync_cache_stats();
-                return Err(e);
-            }
+            self.release_or_keep(h, len)?;
         }
-        self.sync_cache_stats();
         Ok(())
     }
 
-    pub(crate) fn sync_cache_stats(&mut self) {
-        self.stats.handles_cached = self.cache.count() as u64;
-        self.stats.handle_cache_bytes = self.cache.bytes() as u64;
+    /// The statistics, with the handle cache's figures read from the cache itself: derived, not
+    /// kept in step, so no error path can leave them stale.
+    pub(crate) fn stats_now(&self) -> MemoryStats {
+        let mut stats = self.stats;
+        stats.handles_cached = self.cache.count() as u64;
+        stats.handle_cache_bytes = self.cache.bytes() as u64;
+        stats
     }
 }
 
