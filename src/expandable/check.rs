@@ -1,12 +1,13 @@
 //! `check`: every invariant of the expandable allocator, as equations over the whole state.
 
 use crate::backend::Backend;
+use crate::expandable::pieces::{Kind, NIL};
 use crate::expandable::state::State;
 use crate::stats::PoolKind;
 
 impl<B: Backend> State<B> {
     pub(crate) fn check(&self) -> Result<(), String> {
-        let mut index_entries = 0usize;
+        let (mut index_entries, mut pieces_total) = (0usize, 0usize);
         let (mut mapped_total, mut live_bytes, mut pending_bytes) = (0usize, 0usize, 0usize);
         for (&key, seg) in &self.segments {
             if key != seg.start() {
@@ -49,50 +50,96 @@ impl<B: Backend> State<B> {
                 ));
             }
             mapped_total += sum;
-            // Free ranges: mapped, never touching each other, indexed.
-            let mut prev_end = None;
-            let mut free_sum = 0;
-            if !seg.free.consistent() {
+            // The tiling: covers the VA in linked order; free pieces mapped, never touching,
+            // indexed; gaps merged, listed, and exactly what no chunk covers; one used piece
+            // per block.
+            let tiling = self.pieces.tiling(seg.tail);
+            pieces_total += tiling.len();
+            let (mut cursor, mut prev) = (seg.start(), (NIL, None));
+            let (mut free_sum, mut gaps, mut used) = (0, 0, 0);
+            for &id in &tiling {
+                let p = *self.pieces.get(id);
+                if p.start != cursor || p.len == 0 || p.prev != prev.0 {
+                    return Err(format!(
+                        "segment {key:#x}: piece {id} at {:#x}+{:#x} breaks the tiling at {cursor:#x}",
+                        p.start, p.len
+                    ));
+                }
+                if prev.1 == Some(p.kind) && p.kind != Kind::Used {
+                    return Err(format!(
+                        "segment {key:#x}: two {:?} pieces touch at {:#x}",
+                        p.kind, p.start
+                    ));
+                }
+                if p.kind != Kind::Gap && !seg.is_mapped(p.start, p.len) {
+                    return Err(format!(
+                        "{:?} piece {:#x}+{:#x} is not mapped",
+                        p.kind, p.start, p.len
+                    ));
+                }
+                match p.kind {
+                    Kind::Free => {
+                        free_sum += p.len;
+                        index_entries += 1;
+                        if !self.index.at(seg.slot).contains((p.len, p.start, id)) {
+                            return Err(format!(
+                                "free range {:#x}+{:#x} missing from the best-fit index",
+                                p.start, p.len
+                            ));
+                        }
+                    }
+                    Kind::Gap => {
+                        gaps += 1;
+                        if seg.gaps.get(&p.start) != Some(&id) {
+                            return Err(format!("gap {:#x} missing from the gap map", p.start));
+                        }
+                    }
+                    Kind::Used => used += 1,
+                }
+                cursor = p.end();
+                prev = (id, Some(p.kind));
+            }
+            if cursor != seg.end() || self.pieces.get(seg.tail).next != NIL {
+                return Err(format!("segment {key:#x}: the tiling ends at {cursor:#x}"));
+            }
+            if gaps != seg.gaps.len() {
                 return Err(format!(
-                    "segment {key:#x}: free ranges' start and end maps disagree"
+                    "segment {key:#x}: {gaps} gap pieces, {} in the gap map",
+                    seg.gaps.len()
                 ));
             }
-            for (at, len) in seg.free.sorted() {
-                if len == 0 || !seg.is_mapped(at, len) {
+            if self.index.find((seg.stream, seg.pool)) != Some(seg.slot) {
+                return Err(format!("segment {key:#x} names another index"));
+            }
+            let inside = |at: u64| seg.start() <= at && at < seg.end();
+            let mut blocks = 0;
+            let (mut seg_live, mut seg_pending) = (0, 0);
+            for (at, b, pending) in self
+                .live
+                .iter()
+                .map(|(&at, b)| (at, b, false))
+                .chain(self.pending.iter().map(|p| (p.addr, &p.block, true)))
+                .filter(|&(at, _, _)| inside(at))
+            {
+                let p = self.pieces.get(b.piece);
+                if p.kind != Kind::Used || p.start != at || p.len != b.size || b.slot != seg.slot {
                     return Err(format!(
-                        "free range {at:#x}+{len:#x} is empty or not mapped"
+                        "block {at:#x}+{:#x}: its piece is {:?} {:#x}+{:#x}",
+                        b.size, p.kind, p.start, p.len
                     ));
                 }
-                if prev_end.is_some_and(|e| e >= at) {
-                    return Err(format!(
-                        "free range {at:#x} touches or overlaps the previous one"
-                    ));
-                }
-                prev_end = Some(at + len as u64);
-                free_sum += len;
-                let indexed = self
-                    .index
-                    .get((seg.stream, seg.pool))
-                    .is_some_and(|s| s.contains(len, at));
-                if !indexed {
-                    return Err(format!(
-                        "free range {at:#x}+{len:#x} missing from the best-fit index"
-                    ));
+                blocks += 1;
+                if pending {
+                    seg_pending += b.size;
+                } else {
+                    seg_live += b.size;
                 }
             }
-            index_entries += seg.free.len();
-            let seg_live: usize = self
-                .live
-                .values()
-                .filter(|b| b.seg == key)
-                .map(|b| b.size)
-                .sum();
-            let seg_pending: usize = self
-                .pending
-                .iter()
-                .filter(|p| p.block.seg == key)
-                .map(|p| p.block.size)
-                .sum();
+            if blocks != used {
+                return Err(format!(
+                    "segment {key:#x}: {used} used pieces for {blocks} blocks"
+                ));
+            }
             if free_sum + seg_live + seg_pending != seg.mapped_bytes {
                 return Err(format!(
                     "segment {key:#x}: free {free_sum} + live {seg_live} + pending {seg_pending} != mapped {}",
@@ -101,6 +148,12 @@ impl<B: Backend> State<B> {
             }
             live_bytes += seg_live;
             pending_bytes += seg_pending;
+        }
+        if pieces_total != self.pieces.in_use() {
+            return Err(format!(
+                "{} pieces in use, the tilings hold {pieces_total}",
+                self.pieces.in_use()
+            ));
         }
         let total_index = self.index.len();
         if total_index != index_entries {
@@ -112,8 +165,8 @@ impl<B: Backend> State<B> {
         let mut spans: Vec<(u64, u64)> = Vec::new();
         for (&at, b) in &self.live {
             let seg = self
-                .segments
-                .get(&b.seg)
+                .segment_of(at)
+                .and_then(|k| self.segments.get(&k))
                 .ok_or(format!("block {at:#x} in a missing segment"))?;
             if at % 512 != 0 || !seg.is_mapped(at, b.size) || b.size < b.requested {
                 return Err(format!(

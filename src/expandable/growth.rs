@@ -16,15 +16,18 @@
 //! sit.
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
+use crate::expandable::pieces::{Kind, PieceId};
 use crate::expandable::segment::{Chunk, FreeChunk, Segment};
 use crate::expandable::state::{track, GrowFail, State};
 use crate::stats::PoolKind;
 use crate::units::DevAddr;
 
-/// Where a growth goes: the segment, the block's start, and the hole mapped from.
+/// Where a growth goes: the segment, the block's start (and the free piece that starts there,
+/// ending where the hole begins, if any), and the hole mapped from.
 struct Target {
     seg: u64,
     start: u64,
+    before: Option<PieceId>,
     hole_start: u64,
     hole_end: u64,
     new_segment: bool,
@@ -47,14 +50,14 @@ impl<B: Backend> State<B> {
         page.max(1).next_multiple_of(self.granularity)
     }
 
-    /// Grows a segment of (stream, pool) so that a free range starting at the returned address
-    /// holds `rounded` bytes.
+    /// Grows a segment of (stream, pool) so that the returned free piece (and the slot of the
+    /// index that holds it) holds `rounded` bytes.
     pub(crate) fn grow(
         &mut self,
         stream: StreamId,
         pool: PoolKind,
         rounded: usize,
-    ) -> Result<u64, GrowFail> {
+    ) -> Result<(u32, PieceId), GrowFail> {
         let page = self.page_for(pool);
         let target = match self.find_target(stream, pool, rounded) {
             Some(t) => t,
@@ -63,9 +66,13 @@ impl<B: Backend> State<B> {
         let g = self.granularity as u64;
         let need_end = (target.start + rounded as u64).next_multiple_of(g);
         let map_end = need_end.min(target.hole_end);
+        let slot = self.segments[&target.seg].slot;
         if map_end <= target.hole_start {
-            // Frees completed since the best-fit search: the block fits without mapping.
-            return Ok(target.start);
+            // The free piece before the hole holds the block without mapping (possible when
+            // `faithful_oversize` made the best-fit search pass it over).
+            if let Some(before) = target.before {
+                return Ok((slot, before));
+            }
         }
         let mut grown: Vec<Grown> = Vec::new();
         let mut cursor = target.hole_start;
@@ -125,8 +132,10 @@ impl<B: Backend> State<B> {
         self.stats.reserved_bytes.increase(pool, run as u64);
         self.stats.num_device_alloc += grown.len() as u64;
         self.stats.handle_reuses += grown.iter().filter(|c| c.from_cache).count() as u64;
-        self.add_free(target.seg, target.hole_start, run);
-        Ok(target.start)
+        let free = self.gap_to_free(target.seg, target.hole_start, run);
+        let free = free.expect("the grown run lies in a gap of a live segment");
+        debug_assert_eq!(self.pieces.get(free).start, target.start);
+        Ok((slot, free))
     }
 
     /// The lowest place in an existing segment of (stream, pool) where `rounded` fits once the
@@ -137,12 +146,21 @@ impl<B: Backend> State<B> {
                 continue;
             }
             for (h_start, h_end) in seg.holes() {
-                let start = seg.free.ending_at(h_start).map_or(h_start, |(s, _)| s);
-                let after = seg.free.starting_at(h_end).unwrap_or(0) as u64;
+                // The hole lies in one gap piece (gaps are merged), whose neighbours may be free.
+                let Some(gap) = seg.gap_before(h_start) else {
+                    continue;
+                };
+                let gap = *self.pieces.get(gap);
+                let free = |id: PieceId| (self.pieces.kind(id) == Some(Kind::Free)).then_some(id);
+                let before = free(gap.prev).filter(|_| gap.start == h_start);
+                let after = free(gap.next).filter(|_| gap.end() == h_end);
+                let start = before.map_or(h_start, |id| self.pieces.get(id).start);
+                let after = after.map_or(0, |id| self.pieces.get(id).len as u64);
                 if h_end - start + after >= rounded as u64 {
                     return Some(Target {
                         seg: key,
                         start,
+                        before,
                         hole_start: h_start,
                         hole_end: h_end,
                         new_segment: false,
@@ -171,11 +189,15 @@ impl<B: Backend> State<B> {
             self.backend.reserve(va_len),
         )?;
         let key = va.start.get();
-        self.segments.insert(key, Segment::new(va, stream, pool));
+        let slot = self.index.slot((stream, pool));
+        let tail = self.pieces.new_tiling(key, va.len);
+        self.segments
+            .insert(key, Segment::new(va, stream, pool, slot, tail));
         self.stats.segment.increase(pool, 1);
         Ok(Target {
             seg: key,
             start: key,
+            before: None,
             hole_start: key,
             hole_end: key + va_len as u64,
             new_segment: true,
@@ -225,7 +247,7 @@ impl<B: Backend> State<B> {
         let (ex_seg, ex_from, ex_to) = exclude;
         let mut best: Option<(u64, FreeChunk)> = None;
         for (&key, seg) in &self.segments {
-            for c in seg.free_chunks() {
+            for c in seg.free_chunks(&self.free_pieces(seg)) {
                 let (at, len) = (c.at, c.chunk.len);
                 if key == ex_seg && at < ex_to && at + len as u64 > ex_from {
                     continue;
@@ -270,6 +292,7 @@ impl<B: Backend> State<B> {
             // the allocator as it was. What the driver will not give back yet (the reservation,
             // chunks it would not unmap) is kept aside and given back later (Note [Abandoned]).
             if let Some(seg) = self.segments.remove(&target.seg) {
+                self.pieces.release_tiling(seg.tail);
                 self.stats.segment.decrease(seg.pool, 1);
                 let abandoned = Abandoned {
                     va: seg.va,

@@ -9,9 +9,9 @@
 //! rollback of a failed growth, and `max_split_size` not applied to expandable blocks.
 
 mod check;
-mod free_map;
 mod growth;
 mod handle_cache;
+mod pieces;
 mod recent_frees;
 mod segment;
 mod size_index;

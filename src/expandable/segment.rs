@@ -7,17 +7,19 @@
 //! ```
 //!
 //! A *chunk* is one physical handle mapped whole with one `map` call (a page, or a larger or
-//! smaller handle harvested from elsewhere); it can only be unmapped whole. Free ranges lie in
-//! mapped memory only, never span a hole, and are always coalesced with their neighbours, so two
-//! free ranges never touch. Invariants (checked by `check`):
+//! smaller handle harvested from elsewhere); it can only be unmapped whole. The VA is tiled into
+//! pieces (Note [Pieces] in `pieces.rs`): free ranges lie in mapped memory only, never span a
+//! hole, and are always coalesced with their neighbours, so two free ranges never touch.
+//! Invariants (checked by `check`):
 //! * chunks do not overlap and lie inside `va`; `mapped_bytes == Σ chunk.len`;
-//! * every free range and every live block lies inside contiguous chunks;
+//! * the pieces cover `va`; every free piece and every block lies inside contiguous chunks, and
+//!   the gap pieces are exactly what no chunk covers;
 //! * `Σ free + Σ live + Σ pending == mapped_bytes`.
 
 use std::collections::BTreeMap;
 
 use crate::backend::{PhysHandle, StreamId};
-use crate::expandable::free_map::FreeMap;
+use crate::expandable::pieces::PieceId;
 use crate::stats::PoolKind;
 use crate::units::VaRange;
 
@@ -28,12 +30,12 @@ pub(crate) struct Chunk {
     pub(crate) len: usize,
 }
 
-/// A chunk with nothing allocated in it, and the end of the free range that holds it.
+/// A chunk with nothing allocated in it, and the free piece that holds it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct FreeChunk {
     pub(crate) at: u64,
     pub(crate) chunk: Chunk,
-    pub(crate) range_end: u64,
+    pub(crate) piece: PieceId,
 }
 
 #[derive(Debug)]
@@ -44,8 +46,12 @@ pub(crate) struct Segment {
     /// start address -> chunk. Changed only through `add_chunk` / `remove_chunk`, which keep
     /// `occupied` in step.
     pub(crate) chunks: BTreeMap<u64, Chunk>,
-    /// The free ranges (Note [Boundary tags] in `free_map.rs`).
-    pub(crate) free: FreeMap,
+    /// The slot of the best-fit index of (stream, pool) in `State::index`.
+    pub(crate) slot: u32,
+    /// The last piece of the tiling (Note [Pieces]): its index never changes.
+    pub(crate) tail: PieceId,
+    /// start -> gap piece: where growth finds the pieces around a hole.
+    pub(crate) gaps: BTreeMap<u64, PieceId>,
     pub(crate) mapped_bytes: usize,
     /// Chunks a rolled-back growth could not unmap (Note [Stuck chunks] in `growth.rs`): still
     /// mapped in the backend, never handed out, not counted in `mapped_bytes`.
@@ -58,13 +64,22 @@ pub(crate) struct Segment {
 }
 
 impl Segment {
-    pub(crate) fn new(va: VaRange, stream: StreamId, pool: PoolKind) -> Self {
+    /// A segment over `va` whose tiling is the single gap piece `tail`.
+    pub(crate) fn new(
+        va: VaRange,
+        stream: StreamId,
+        pool: PoolKind,
+        slot: u32,
+        tail: PieceId,
+    ) -> Self {
         Self {
+            gaps: BTreeMap::from([(va.start.get(), tail)]),
             va,
             stream,
             pool,
+            slot,
+            tail,
             chunks: BTreeMap::new(),
-            free: FreeMap::default(),
             mapped_bytes: 0,
             stuck: BTreeMap::new(),
             occupied: BTreeMap::new(),
@@ -174,32 +189,30 @@ impl Segment {
         }
     }
 
+    /// The last gap piece starting at or before `at` (the caller checks that it reaches `at`).
+    pub(crate) fn gap_before(&self, at: u64) -> Option<PieceId> {
+        self.gaps.range(..=at).next_back().map(|(_, &id)| id)
+    }
+
     /// Chunks lying wholly inside free ranges: their pages hold nothing and can be unmapped.
-    /// Each comes with the end of the free range holding it, in address order: unmapping chunks
-    /// in that order leaves each next one in the range that still ends there (`carve_free`).
-    pub(crate) fn free_chunks(&self) -> Vec<FreeChunk> {
+    /// `ranges` are the segment's free pieces as (start, length, piece), in address order. Each
+    /// chunk comes with the piece holding it, in address order: unmapping chunks in that order
+    /// leaves each next one in a piece of the same index (Note [Pieces]).
+    pub(crate) fn free_chunks(&self, ranges: &[(u64, usize, PieceId)]) -> Vec<FreeChunk> {
         let mut out = Vec::new();
-        if self.free.is_empty() {
-            return out;
-        }
         // One walk over both, in address order: the only range that can hold a chunk is the
         // first one ending after the chunk's start.
-        let ranges = self.free.sorted();
         let mut r = 0;
         for (&at, &chunk) in &self.chunks {
             while r < ranges.len() && ranges[r].0 + ranges[r].1 as u64 <= at {
                 r += 1;
             }
-            let Some(&(start, len)) = ranges.get(r) else {
+            let Some(&(start, len, piece)) = ranges.get(r) else {
                 break;
             };
             let end = start + len as u64;
             if start <= at && at + chunk.len as u64 <= end {
-                out.push(FreeChunk {
-                    at,
-                    chunk,
-                    range_end: end,
-                });
+                out.push(FreeChunk { at, chunk, piece });
             }
         }
         out

@@ -11,7 +11,12 @@
 use std::collections::BTreeSet;
 
 use crate::backend::StreamId;
+use crate::expandable::pieces::PieceId;
 use crate::stats::PoolKind;
+
+/// One free range: (length, start, piece). Ordered by length, then start (the piece never
+/// decides: two ranges never share a start).
+pub(crate) type Entry = (usize, u64, PieceId);
 
 /// A bin holding more ranges than this becomes a B-tree; one holding fewer than `SMALL_AGAIN`
 /// becomes a sorted vector again (the gap keeps a bin at the border from converting every call).
@@ -24,12 +29,12 @@ const SMALL_AGAIN: usize = 16;
 /// B-tree so that no operation ever moves more than `SMALL_MAX` entries.
 #[derive(Debug)]
 enum Bin {
-    Small(Vec<(usize, u64)>),
-    Large(BTreeSet<(usize, u64)>),
+    Small(Vec<Entry>),
+    Large(BTreeSet<Entry>),
 }
 
 impl Bin {
-    fn insert(&mut self, key: (usize, u64)) -> bool {
+    fn insert(&mut self, key: Entry) -> bool {
         match self {
             Bin::Small(v) => match v.binary_search(&key) {
                 Ok(_) => false,
@@ -48,7 +53,7 @@ impl Bin {
         }
     }
 
-    fn remove(&mut self, key: (usize, u64)) -> bool {
+    fn remove(&mut self, key: Entry) -> bool {
         match self {
             Bin::Small(v) => match v.binary_search(&key) {
                 Ok(i) => {
@@ -67,10 +72,37 @@ impl Bin {
         }
     }
 
-    fn contains(&self, key: (usize, u64)) -> bool {
+    fn contains(&self, key: Entry) -> bool {
         match self {
             Bin::Small(v) => v.binary_search(&key).is_ok(),
             Bin::Large(set) => set.contains(&key),
+        }
+    }
+
+    /// Replaces `old` by `new` where it stands, if `new` sorts to the same place: true if done.
+    /// Carving an allocation from the front of a range, or freeing a block next to one, changes
+    /// the range's key by a little, and usually not its rank: one search instead of two, and no
+    /// entries moved.
+    fn replace(&mut self, old: Entry, new: Entry) -> bool {
+        let Bin::Small(v) = self else {
+            return false;
+        };
+        let Ok(i) = v.binary_search(&old) else {
+            return false;
+        };
+        let after_prev = i == 0 || v[i - 1] < new;
+        let before_next = v.get(i + 1).is_none_or(|&n| new < n);
+        if after_prev && before_next {
+            v[i] = new;
+            return true;
+        }
+        false
+    }
+
+    fn iter(&self) -> Box<dyn Iterator<Item = Entry> + '_> {
+        match self {
+            Bin::Small(v) => Box::new(v.iter().copied()),
+            Bin::Large(set) => Box::new(set.iter().copied()),
         }
     }
 
@@ -82,7 +114,7 @@ impl Bin {
     }
 
     /// The first entry at or after `key`.
-    fn first_from(&self, key: (usize, u64)) -> Option<(usize, u64)> {
+    fn first_from(&self, key: Entry) -> Option<Entry> {
         match self {
             Bin::Small(v) => {
                 let i = v.partition_point(|&e| e < key);
@@ -123,18 +155,18 @@ impl Default for SizeIndex {
 }
 
 impl SizeIndex {
-    pub(crate) fn insert(&mut self, len: usize, at: u64) {
-        let c = class_of(len);
-        if self.bins[c].insert((len, at)) {
+    pub(crate) fn insert(&mut self, e: Entry) {
+        let c = class_of(e.0);
+        if self.bins[c].insert(e) {
             self.count += 1;
             self.nonempty[c / 64] |= 1 << (c % 64);
         }
     }
 
-    pub(crate) fn remove(&mut self, len: usize, at: u64) -> bool {
-        let c = class_of(len);
+    pub(crate) fn remove(&mut self, e: Entry) -> bool {
+        let c = class_of(e.0);
         let bin = &mut self.bins[c];
-        if !bin.remove((len, at)) {
+        if !bin.remove(e) {
             return false;
         }
         self.count -= 1;
@@ -144,22 +176,38 @@ impl SizeIndex {
         true
     }
 
-    pub(crate) fn contains(&self, len: usize, at: u64) -> bool {
-        self.bins[class_of(len)].contains((len, at))
+    /// Replaces the entry `old` (which must be present) by `new`.
+    pub(crate) fn replace(&mut self, old: Entry, new: Entry) {
+        let c = class_of(old.0);
+        if c == class_of(new.0) && self.bins[c].replace(old, new) {
+            return;
+        }
+        let removed = self.remove(old);
+        debug_assert!(removed, "replacing {old:?}, which is not indexed");
+        self.insert(new);
+    }
+
+    pub(crate) fn contains(&self, e: Entry) -> bool {
+        self.bins[class_of(e.0)].contains(e)
+    }
+
+    /// Every entry, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Entry> + '_ {
+        self.bins.iter().flat_map(Bin::iter)
     }
 
     pub(crate) fn len(&self) -> usize {
         self.count
     }
 
-    /// The smallest range of at least `len` bytes (lowest address on ties), as (length, start).
-    pub(crate) fn best_fit(&self, len: usize) -> Option<(usize, u64)> {
+    /// The smallest range of at least `len` bytes (lowest address on ties).
+    pub(crate) fn best_fit(&self, len: usize) -> Option<Entry> {
         let c = class_of(len);
-        if let Some(found) = self.bins[c].first_from((len, 0)) {
+        if let Some(found) = self.bins[c].first_from((len, 0, 0)) {
             return Some(found);
         }
         let higher = self.next_nonempty(c + 1)?;
-        self.bins[higher].first_from((0, 0))
+        self.bins[higher].first_from((0, 0, 0))
     }
 
     /// The first non-empty class at or above `from`.
@@ -183,28 +231,39 @@ impl SizeIndex {
 }
 
 /// One `SizeIndex` per (stream, pool), in a vector searched linearly: a program uses a handful
-/// of streams, and comparing a few keys is cheaper than hashing one (this runs several times
-/// per allocation).
+/// of streams, and comparing a few keys is cheaper than hashing one. Each index keeps its slot
+/// for the allocator's life, so segments and blocks name theirs by slot and skip the search.
 #[derive(Debug, Default)]
 pub(crate) struct Indexes {
     all: Vec<((StreamId, PoolKind), SizeIndex)>,
 }
 
 impl Indexes {
-    pub(crate) fn get(&self, key: (StreamId, PoolKind)) -> Option<&SizeIndex> {
-        self.all.iter().find(|(k, _)| *k == key).map(|(_, ix)| ix)
+    /// The slot of `key`'s index, if it has one.
+    pub(crate) fn find(&self, key: (StreamId, PoolKind)) -> Option<u32> {
+        self.all
+            .iter()
+            .position(|(k, _)| *k == key)
+            .map(|i| i as u32)
     }
 
-    /// The index of `key`, created empty on first use.
-    pub(crate) fn of(&mut self, key: (StreamId, PoolKind)) -> &mut SizeIndex {
-        let i = match self.all.iter().position(|(k, _)| *k == key) {
+    /// The slot of `key`'s index, created empty on first use.
+    pub(crate) fn slot(&mut self, key: (StreamId, PoolKind)) -> u32 {
+        match self.find(key) {
             Some(i) => i,
             None => {
                 self.all.push((key, SizeIndex::default()));
-                self.all.len() - 1
+                (self.all.len() - 1) as u32
             }
-        };
-        &mut self.all[i].1
+        }
+    }
+
+    pub(crate) fn at(&self, slot: u32) -> &SizeIndex {
+        &self.all[slot as usize].1
+    }
+
+    pub(crate) fn at_mut(&mut self, slot: u32) -> &mut SizeIndex {
+        &mut self.all[slot as usize].1
     }
 
     /// How many ranges all indexes hold.
@@ -220,6 +279,34 @@ impl Indexes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fit(ix: &SizeIndex, len: usize) -> Option<(usize, u64)> {
+        ix.best_fit(len).map(|(l, at, _)| (l, at))
+    }
+
+    #[test]
+    fn replace_keeps_the_order_whether_or_not_the_rank_changes() {
+        let mut ix = SizeIndex::default();
+        for (i, at) in [0x1000u64, 0x3000, 0x5000].into_iter().enumerate() {
+            ix.insert((4096, at, i as PieceId));
+        }
+        // Same rank: replaced where it stands.
+        ix.replace((4096, 0x3000, 1), (4096, 0x3200, 1));
+        assert!(ix.contains((4096, 0x3200, 1)) && !ix.contains((4096, 0x3000, 1)));
+        // A new rank in the same class, then another class.
+        ix.replace((4096, 0x5000, 2), (4096, 0x0200, 2));
+        assert_eq!(fit(&ix, 4096), Some((4096, 0x0200)));
+        ix.replace((4096, 0x0200, 2), (1 << 20, 0x0200, 2));
+        assert_eq!(fit(&ix, 4096), Some((4096, 0x1000)));
+        assert_eq!(fit(&ix, 4097), Some((1 << 20, 0x0200)));
+        assert_eq!(ix.len(), 3);
+        let mut all: Vec<Entry> = ix.iter().collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            vec![(4096, 0x1000, 0), (4096, 0x3200, 1), (1 << 20, 0x0200, 2)]
+        );
+    }
 
     #[test]
     fn classes_are_monotone_and_cover_every_length() {
@@ -253,19 +340,19 @@ mod tests {
             .map(|i| (4096 + 512 * (i % 2) as usize, 0x10_0000 * (200 - i)))
             .collect();
         for &(len, at) in &ranges {
-            ix.insert(len, at);
+            ix.insert((len, at, 7));
         }
         assert_eq!(ix.len(), 200);
-        assert_eq!(ix.best_fit(4096), Some((4096, 0x10_0000 * 2)));
-        assert_eq!(ix.best_fit(4097), Some((4608, 0x10_0000)));
+        assert_eq!(fit(&ix, 4096), Some((4096, 0x10_0000 * 2)));
+        assert_eq!(fit(&ix, 4097), Some((4608, 0x10_0000)));
         for &(len, at) in &ranges[..190] {
-            assert!(ix.remove(len, at));
+            assert!(ix.remove((len, at, 7)));
         }
         assert_eq!(ix.len(), 10);
         for &(len, at) in &ranges[190..] {
-            assert!(ix.contains(len, at));
+            assert!(ix.contains((len, at, 7)));
         }
-        assert_eq!(ix.best_fit(4096), Some((4096, 0x10_0000 * 2)));
+        assert_eq!(fit(&ix, 4096), Some((4096, 0x10_0000 * 2)));
     }
 
     #[test]
@@ -277,15 +364,15 @@ mod tests {
             (4096, 0x5000),
             (1 << 30, 0x10),
         ] {
-            ix.insert(len, at);
+            ix.insert((len, at, 7));
         }
-        assert_eq!(ix.best_fit(2048), Some((2048, 0x1000)));
-        assert_eq!(ix.best_fit(2049), Some((4096, 0x5000)));
-        assert_eq!(ix.best_fit(5000), Some((1 << 30, 0x10)));
-        assert_eq!(ix.best_fit((1 << 30) + 1), None);
-        assert!(ix.remove(4096, 0x5000));
-        assert!(!ix.remove(4096, 0x5000));
-        assert_eq!(ix.best_fit(2049), Some((4096, 0x9000)));
+        assert_eq!(fit(&ix, 2048), Some((2048, 0x1000)));
+        assert_eq!(fit(&ix, 2049), Some((4096, 0x5000)));
+        assert_eq!(fit(&ix, 5000), Some((1 << 30, 0x10)));
+        assert_eq!(fit(&ix, (1 << 30) + 1), None);
+        assert!(ix.remove((4096, 0x5000, 7)));
+        assert!(!ix.remove((4096, 0x5000, 7)));
+        assert_eq!(fit(&ix, 2049), Some((4096, 0x9000)));
         assert_eq!(ix.len(), 3);
     }
 }

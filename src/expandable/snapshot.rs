@@ -8,10 +8,11 @@ use crate::units::DevAddr;
 impl<B: Backend> State<B> {
     pub(crate) fn snapshot(&self) -> Snapshot {
         let mut segments = Vec::new();
-        for (&key, seg) in &self.segments {
+        for seg in self.segments.values() {
             let mut blocks = Vec::new();
             let mut allocated = 0;
-            for (&at, b) in self.live.iter().filter(|(_, b)| b.seg == key) {
+            let inside = |at: u64| seg.start() <= at && at < seg.end();
+            for (&at, b) in self.live.iter().filter(|(&at, _)| inside(at)) {
                 allocated += b.size;
                 blocks.push(BlockInfo {
                     address: DevAddr::new(at),
@@ -20,7 +21,7 @@ impl<B: Backend> State<B> {
                     state: BlockState::ActiveAllocated,
                 });
             }
-            for p in self.pending.iter().filter(|p| p.block.seg == key) {
+            for p in self.pending.iter().filter(|p| inside(p.addr)) {
                 blocks.push(BlockInfo {
                     address: DevAddr::new(p.addr),
                     size: p.block.size,
@@ -28,7 +29,7 @@ impl<B: Backend> State<B> {
                     state: BlockState::ActivePendingFree,
                 });
             }
-            for (at, len) in seg.free.sorted() {
+            for (at, len, _) in self.free_pieces(seg) {
                 blocks.push(BlockInfo {
                     address: DevAddr::new(at),
                     size: len,
@@ -87,5 +88,6 @@ impl<B: Backend> State<B> {
         }
         self.live.clear();
         self.index.clear();
+        self.pieces.clear();
     }
 }

@@ -12,9 +12,10 @@ use crate::config::{round_size, Config, ConfigError, ONE_EXA_BYTES, SMALL_SIZE};
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::expandable::growth::Abandoned;
 use crate::expandable::handle_cache::HandleCache;
+use crate::expandable::pieces::{Kind, PieceId, Pieces};
 use crate::expandable::recent_frees::RecentFrees;
 use crate::expandable::segment::{Chunk, FreeChunk, Segment};
-use crate::expandable::size_index::Indexes;
+use crate::expandable::size_index::{Entry, Indexes};
 use crate::stats::{MemoryStats, PoolKind};
 use crate::units::DevAddr;
 
@@ -23,7 +24,10 @@ const RECENT_FREES: usize = 4096;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Block {
-    pub(crate) seg: u64,
+    /// Its piece of the segment's tiling (Note [Pieces]).
+    pub(crate) piece: PieceId,
+    /// The slot of its (stream, pool)'s best-fit index.
+    pub(crate) slot: u32,
     pub(crate) size: usize,
     pub(crate) requested: usize,
     pub(crate) stream: StreamId,
@@ -63,6 +67,8 @@ pub(crate) struct State<B: Backend> {
     pub(crate) segments: BTreeMap<u64, Segment>,
     /// (stream, pool) -> every free range by (len, start): the best-fit index.
     pub(crate) index: Indexes,
+    /// Every segment's pieces (Note [Pieces]).
+    pub(crate) pieces: Pieces,
     pub(crate) live: FxHashMap<u64, Block>,
     pub(crate) pending: Vec<Pending>,
     pub(crate) cache: HandleCache,
@@ -110,6 +116,7 @@ impl<B: Backend> State<B> {
             access,
             segments: BTreeMap::new(),
             index: Indexes::default(),
+            pieces: Pieces::default(),
             live: FxHashMap::default(),
             pending: Vec::new(),
             cache: HandleCache::default(),
@@ -123,78 +130,135 @@ impl<B: Backend> State<B> {
 
     // ---- free ranges ----------------------------------------------------------------------
     //
-    // Every free range is in two places: its segment's `free` map (by address, for coalescing)
-    // and the best-fit `index` of the segment's (stream, pool). These four functions are the
-    // only ones that change either.
+    // Every free range is a free piece of its segment's tiling (Note [Pieces] in `pieces.rs`)
+    // and an entry of its (stream, pool)'s best-fit index, keyed (length, start, piece). These
+    // functions are the only ones that change either.
 
-    /// Records a free range without coalescing (the caller knows it touches no other).
-    pub(crate) fn insert_free_raw(&mut self, seg: u64, at: u64, len: usize) {
-        if len == 0 {
-            return;
-        }
-        let Some(s) = self.segments.get_mut(&seg) else {
-            return;
-        };
-        s.free.insert(at, len);
-        let key = (s.stream, s.pool);
-        self.index.of(key).insert(len, at);
+    fn entry(&self, id: PieceId) -> Entry {
+        let p = self.pieces.get(id);
+        (p.len, p.start, id)
     }
 
-    fn remove_free(&mut self, seg: u64, at: u64) -> Option<usize> {
+    /// Carves `take` bytes from the front of free piece `id` (indexed in `slot`) into a used
+    /// piece, which is returned: what every allocation does.
+    fn take_front(&mut self, slot: u32, id: PieceId, take: usize) -> PieceId {
+        let old = self.entry(id);
+        if take == old.0 {
+            self.index.at_mut(slot).remove(old);
+            self.pieces.set_kind(id, Kind::Used);
+            return id;
+        }
+        let used = self.pieces.split_front(id, old.1 + take as u64);
+        self.pieces.set_kind(used, Kind::Used);
+        self.index
+            .at_mut(slot)
+            .replace(old, (old.0 - take, old.1 + take as u64, id));
+        used
+    }
+
+    /// Makes piece `id` (a block's, or a gap just mapped) free, merged with the free pieces
+    /// around it; returns the merged piece. What every free does: no lookup, the neighbours are
+    /// linked (Note [Pieces]).
+    pub(crate) fn make_free(&mut self, slot: u32, id: PieceId) -> PieceId {
+        self.pieces.set_kind(id, Kind::Free);
+        let (mut cur, mut replaced) = (id, None);
+        let next = self.pieces.get(id).next;
+        if self.pieces.kind(next) == Some(Kind::Free) {
+            replaced = Some(self.entry(next));
+            cur = self.pieces.merge_into_next(id);
+        }
+        let prev = self.pieces.get(cur).prev;
+        if self.pieces.kind(prev) == Some(Kind::Free) {
+            let e = self.entry(prev);
+            match replaced {
+                None => replaced = Some(e),
+                Some(_) => {
+                    self.index.at_mut(slot).remove(e);
+                }
+            }
+            cur = self.pieces.merge_into_next(prev);
+        }
+        let merged = self.entry(cur);
+        let ix = self.index.at_mut(slot);
+        match replaced {
+            Some(old) => ix.replace(old, merged),
+            None => ix.insert(merged),
+        }
+        cur
+    }
+
+    /// Maps the tiling of `seg` over `[at, at + len)`, which lies in one gap piece: the range
+    /// becomes free (merged with its free neighbours), and the merged free piece is returned.
+    pub(crate) fn gap_to_free(&mut self, seg: u64, at: u64, len: usize) -> Option<PieceId> {
         let s = self.segments.get_mut(&seg)?;
-        let len = s.free.remove(at)?;
-        self.index.of((s.stream, s.pool)).remove(len, at);
-        Some(len)
-    }
-
-    /// Adds `[at, at + len)` to the free ranges, merging it with free neighbours.
-    pub(crate) fn add_free(&mut self, seg: u64, at: u64, len: usize) {
-        let Some(s) = self.segments.get_mut(&seg) else {
-            return;
-        };
-        let m = s.free.insert_merging(at, len);
-        let ix = self.index.of((s.stream, s.pool));
-        for (n_at, n_len) in m.prev.into_iter().chain(m.next) {
-            ix.remove(n_len, n_at);
-        }
-        ix.insert(m.len, m.start);
-    }
-
-    /// Takes `[at, at + take)` from the front of the free range `[at, at + len)`.
-    fn take_front(&mut self, seg: u64, at: u64, len: usize, take: usize) {
-        if take == len {
-            self.remove_free(seg, at);
-            return;
-        }
-        let Some(s) = self.segments.get_mut(&seg) else {
-            return;
-        };
-        s.free.take_front(at, len, take);
-        let ix = self.index.of((s.stream, s.pool));
-        ix.remove(len, at);
-        ix.insert(len - take, at + take as u64);
-    }
-
-    /// Removes `[at, at + len)` from the free range ending at `range_end` that contains it,
-    /// keeping what is left on either side.
-    pub(crate) fn carve_free(&mut self, seg: u64, at: u64, len: usize, range_end: u64) {
-        let found = self.segments[&seg]
-            .free
-            .ending_at(range_end)
-            .filter(|&(start, _)| start <= at && at + len as u64 <= range_end);
-        debug_assert!(
-            found.is_some(),
-            "carving {at:#x}+{len:#x}, which is not free"
-        );
-        let Some((start, flen)) = found else { return };
-        if start == at {
-            self.take_front(seg, at, flen, len);
-            return;
-        }
-        self.remove_free(seg, start);
-        self.insert_free_raw(seg, start, (at - start) as usize);
+        let slot = s.slot;
+        let g = s.gap_before(at)?;
+        let p = *self.pieces.get(g);
         let end = at + len as u64;
-        self.insert_free_raw(seg, end, (range_end - end) as usize);
+        debug_assert!(p.kind == Kind::Gap && p.start <= at && end <= p.end());
+        if p.start < at {
+            let front = self.pieces.split_front(g, at);
+            s.gaps.insert(p.start, front);
+        } else {
+            s.gaps.remove(&p.start);
+        }
+        let mapped = if end < p.end() {
+            s.gaps.insert(end, g);
+            self.pieces.split_front(g, end)
+        } else {
+            g
+        };
+        Some(self.make_free(slot, mapped))
+    }
+
+    /// Takes `[at, at + len)` out of free piece `id` of `seg` (unmapped: it becomes a gap,
+    /// merged with the gaps around it). The piece keeps what follows the range, under its index.
+    pub(crate) fn free_to_gap(&mut self, seg: u64, id: PieceId, at: u64, len: usize) {
+        let Some(s) = self.segments.get_mut(&seg) else {
+            return;
+        };
+        let p = *self.pieces.get(id);
+        let end = at + len as u64;
+        debug_assert!(p.kind == Kind::Free && p.start <= at && end <= p.end());
+        let ix = self.index.at_mut(s.slot);
+        ix.remove((p.len, p.start, id));
+        if p.start < at {
+            let front = self.pieces.split_front(id, at);
+            ix.insert(((at - p.start) as usize, p.start, front));
+        }
+        let mut gap = if end < p.end() {
+            ix.insert(((p.end() - end) as usize, end, id));
+            self.pieces.split_front(id, end)
+        } else {
+            id
+        };
+        self.pieces.set_kind(gap, Kind::Gap);
+        let next = self.pieces.get(gap).next;
+        if self.pieces.kind(next) == Some(Kind::Gap) {
+            s.gaps.remove(&self.pieces.get(next).start);
+            gap = self.pieces.merge_into_next(gap);
+        }
+        let prev = self.pieces.get(gap).prev;
+        if self.pieces.kind(prev) == Some(Kind::Gap) {
+            s.gaps.remove(&self.pieces.get(prev).start);
+            gap = self.pieces.merge_into_next(prev);
+        }
+        s.gaps.insert(self.pieces.get(gap).start, gap);
+    }
+
+    /// The free pieces of `seg` as (start, length, piece), in address order. From the index, not
+    /// the tiling: free pieces are a fraction of all pieces.
+    pub(crate) fn free_pieces(&self, seg: &Segment) -> Vec<(u64, usize, PieceId)> {
+        let (lo, hi) = (seg.start(), seg.end());
+        let mut out: Vec<(u64, usize, PieceId)> = self
+            .index
+            .at(seg.slot)
+            .iter()
+            .filter(|&(_, at, _)| lo <= at && at < hi)
+            .map(|(len, at, id)| (at, len, id))
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     pub(crate) fn segment_of(&self, addr: u64) -> Option<u64> {
@@ -227,27 +291,25 @@ impl<B: Backend> State<B> {
         };
         // Without sync only queries run, and a failing query just leaves its block pending.
         let _ = self.process_events(false);
-        let (at, seg, range_len) = match self.find_free(stream, pool, rounded) {
-            Some((at, len)) => (at, self.segment_of(at), len),
+        let (slot, free) = match self.find_free(stream, pool, rounded) {
+            Some(found) => found,
             None => {
                 let grown = self.grow_or_oom(stream, pool, rounded);
                 self.trim_to_bound();
-                let at = grown?;
-                let seg = self.segment_of(at);
-                let len = seg.and_then(|k| self.segments[&k].free.starting_at(at));
-                (at, seg, len.unwrap_or(0))
+                grown?
             }
         };
-        let seg = seg.expect("a free range lies in a segment");
+        let at = self.pieces.get(free).start;
         debug_assert!(
-            range_len >= rounded,
+            self.pieces.get(free).len >= rounded,
             "growth returns a free range that fits"
         );
-        self.take_front(seg, at, range_len, rounded);
+        let piece = self.take_front(slot, free, rounded);
         self.live.insert(
             at,
             Block {
-                seg,
+                piece,
+                slot,
                 size: rounded,
                 requested: size,
                 stream,
@@ -272,9 +334,15 @@ impl<B: Backend> State<B> {
 
     /// Best fit: the smallest free range of (stream, pool) that holds `rounded`, lowest address
     /// on ties. With `faithful_oversize`, PyTorch's `max_split_size` rules apply.
-    /// Returns the range's (start, length).
-    fn find_free(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<(u64, usize)> {
-        let (len, at) = self.index.get((stream, pool))?.best_fit(rounded)?;
+    /// Returns the index's slot and the range's piece.
+    fn find_free(
+        &self,
+        stream: StreamId,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Option<(u32, PieceId)> {
+        let slot = self.index.find((stream, pool))?;
+        let (len, _, id) = self.index.at(slot).best_fit(rounded)?;
         if self.config.faithful_oversize {
             if let Some(max_split) = self.config.max_split_size {
                 if rounded < max_split && len >= max_split {
@@ -287,15 +355,17 @@ impl<B: Backend> State<B> {
                 }
             }
         }
-        Some((at, len))
+        Some((slot, id))
     }
 
+    /// Grows a segment so that a free piece holds `rounded`, retrying once after giving every
+    /// free page back; returns the index slot and the piece.
     fn grow_or_oom(
         &mut self,
         stream: StreamId,
         pool: PoolKind,
         rounded: usize,
-    ) -> Result<u64, AllocError> {
+    ) -> Result<(u32, PieceId), AllocError> {
         match self.grow(stream, pool, rounded) {
             Ok(at) => return Ok(at),
             Err(GrowFail::Backend(e)) => return Err(e.into()),
@@ -304,8 +374,8 @@ impl<B: Backend> State<B> {
         // Last resort, as PyTorch: wait for every pending free, give every free page back, retry.
         self.stats.num_alloc_retries += 1;
         self.release_cached(false)?;
-        if let Some((at, _)) = self.find_free(stream, pool, rounded) {
-            return Ok(at);
+        if let Some(found) = self.find_free(stream, pool, rounded) {
+            return Ok(found);
         }
         match self.grow(stream, pool, rounded) {
             Ok(at) => Ok(at),
@@ -370,7 +440,7 @@ impl<B: Backend> State<B> {
             .decrease(block.pool, block.size as u64);
         self.recent_frees.remember(addr);
         if events.is_empty() {
-            self.free_block(addr, &block);
+            self.free_block(&block);
         } else {
             self.pending.push(Pending {
                 addr,
@@ -381,13 +451,12 @@ impl<B: Backend> State<B> {
         Ok(())
     }
 
-    fn free_block(&mut self, addr: u64, block: &Block) {
-        if let Some(seg) = self.segments.get(&block.seg) {
-            if !self.unsynced_frees.contains(&seg.stream) {
-                self.unsynced_frees.push(seg.stream);
-            }
+    fn free_block(&mut self, block: &Block) {
+        // A block's stream is its segment's: blocks are carved from their (stream, pool)'s ranges.
+        if !self.unsynced_frees.contains(&block.stream) {
+            self.unsynced_frees.push(block.stream);
         }
-        self.add_free(block.seg, addr, block.size);
+        self.make_free(block.slot, block.piece);
         let s = &mut self.stats;
         s.active.decrease(block.pool, 1);
         s.active_bytes.decrease(block.pool, block.size as u64);
@@ -475,7 +544,7 @@ impl<B: Backend> State<B> {
                 for &(_, e) in &p.events {
                     self.release_event(e);
                 }
-                self.free_block(p.addr, &p.block);
+                self.free_block(&p.block);
             } else {
                 i += 1;
             }
@@ -511,7 +580,8 @@ impl<B: Backend> State<B> {
         let keys: Vec<u64> = self.segments.keys().copied().collect();
         for seg in keys {
             self.unmap_stuck(seg)?;
-            let chunks = self.segments[&seg].free_chunks();
+            let s = &self.segments[&seg];
+            let chunks = s.free_chunks(&self.free_pieces(s));
             if !chunks.is_empty() {
                 self.sync_before_unmap(self.segments[&seg].stream)?;
             }
@@ -588,17 +658,13 @@ impl<B: Backend> State<B> {
 
     /// Unmaps one free chunk and takes it out of the free ranges; the handle is the caller's.
     pub(crate) fn unmap_chunk(&mut self, seg: u64, free: FreeChunk) -> Result<(), BackendError> {
-        let FreeChunk {
-            at,
-            chunk,
-            range_end,
-        } = free;
+        let FreeChunk { at, chunk, piece } = free;
         track(
             &mut self.stats,
             CallKind::Unmap,
             self.backend.unmap(DevAddr::new(at), chunk.len),
         )?;
-        self.carve_free(seg, at, chunk.len, range_end);
+        self.free_to_gap(seg, piece, at, chunk.len);
         let s = self.segments.get_mut(&seg).expect("live segment");
         s.remove_chunk(at);
         s.mapped_bytes -= chunk.len;
@@ -616,6 +682,7 @@ impl<B: Backend> State<B> {
             self.backend.free_reservation(va),
         )?;
         if let Some(s) = self.segments.remove(&seg) {
+            self.pieces.release_tiling(s.tail);
             self.stats.segment.decrease(s.pool, 1);
         }
         Ok(())
