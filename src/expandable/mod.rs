@@ -16,6 +16,7 @@ mod recent_frees;
 mod segment;
 mod size_index;
 mod snapshot;
+mod sorted_runs;
 mod state;
 // The classic allocator counts its backend calls the same way.
 pub(crate) use state::track;

@@ -8,130 +8,31 @@
 //! address on ties) that one ordered set gave, while each set stays small: a hot path that keeps
 //! carving the tail of a segment no longer shares a B-tree with 100,000 fragments of other sizes.
 
-use std::collections::BTreeSet;
-
 use crate::backend::StreamId;
 use crate::expandable::pieces::PieceId;
+use crate::expandable::sorted_runs::SortedRuns;
 use crate::stats::PoolKind;
 
 /// One free range: (length, start, piece). Ordered by length, then start (the piece never
 /// decides: two ranges never share a start).
 pub(crate) type Entry = (usize, u64, PieceId);
 
-/// A bin holding more ranges than this becomes a B-tree; one holding fewer than `SMALL_AGAIN`
-/// becomes a sorted vector again (the gap keeps a bin at the border from converting every call).
-const SMALL_MAX: usize = 48;
-const SMALL_AGAIN: usize = 16;
-
-/// The ranges of one size class, ordered by (length, start). Most bins hold a handful, and a
-/// sorted vector searched with a binary search costs a fraction of a B-tree's insert and remove
-/// (which were a quarter of the hot path); a bin that fills up with fragments switches to a
-/// B-tree so that no operation ever moves more than `SMALL_MAX` entries.
-#[derive(Debug)]
-enum Bin {
-    Small(Vec<Entry>),
-    Large(BTreeSet<Entry>),
-}
-
-impl Bin {
-    fn insert(&mut self, key: Entry) -> bool {
-        match self {
-            Bin::Small(v) => match v.binary_search(&key) {
-                Ok(_) => false,
-                Err(i) => {
-                    if v.len() < SMALL_MAX {
-                        v.insert(i, key);
-                    } else {
-                        let mut set: BTreeSet<_> = v.drain(..).collect();
-                        set.insert(key);
-                        *self = Bin::Large(set);
-                    }
-                    true
-                }
-            },
-            Bin::Large(set) => set.insert(key),
-        }
-    }
-
-    fn remove(&mut self, key: Entry) -> bool {
-        match self {
-            Bin::Small(v) => match v.binary_search(&key) {
-                Ok(i) => {
-                    v.remove(i);
-                    true
-                }
-                Err(_) => false,
-            },
-            Bin::Large(set) => {
-                let removed = set.remove(&key);
-                if set.len() < SMALL_AGAIN {
-                    *self = Bin::Small(std::mem::take(set).into_iter().collect());
-                }
-                removed
-            }
-        }
-    }
-
-    fn contains(&self, key: Entry) -> bool {
-        match self {
-            Bin::Small(v) => v.binary_search(&key).is_ok(),
-            Bin::Large(set) => set.contains(&key),
-        }
-    }
-
-    /// Replaces `old` by `new` where it stands, if `new` sorts to the same place: true if done.
-    /// Carving an allocation from the front of a range, or freeing a block next to one, changes
-    /// the range's key by a little, and usually not its rank: one search instead of two, and no
-    /// entries moved.
-    fn replace(&mut self, old: Entry, new: Entry) -> bool {
-        let Bin::Small(v) = self else {
-            return false;
-        };
-        let Ok(i) = v.binary_search(&old) else {
-            return false;
-        };
-        let after_prev = i == 0 || v[i - 1] < new;
-        let before_next = v.get(i + 1).is_none_or(|&n| new < n);
-        if after_prev && before_next {
-            v[i] = new;
-            return true;
-        }
-        false
-    }
-
-    fn iter(&self) -> Box<dyn Iterator<Item = Entry> + '_> {
-        match self {
-            Bin::Small(v) => Box::new(v.iter().copied()),
-            Bin::Large(set) => Box::new(set.iter().copied()),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        match self {
-            Bin::Small(v) => v.is_empty(),
-            Bin::Large(set) => set.is_empty(),
-        }
-    }
-
-    /// The first entry at or after `key`.
-    fn first_from(&self, key: Entry) -> Option<Entry> {
-        match self {
-            Bin::Small(v) => {
-                let i = v.partition_point(|&e| e < key);
-                v.get(i).copied()
-            }
-            Bin::Large(set) => set.range(key..).next().copied(),
-        }
-    }
-}
+/// The ranges of one size class, ordered by (length, start) (Note [Sorted runs]).
+type Bin = SortedRuns<Entry>;
 
 /// Four classes per power of two, for lengths up to 2^64.
 const CLASSES: usize = 64 * 4;
 const WORDS: usize = CLASSES / 64;
 
 /// The class of a length: monotone, so a longer range never has a lower class.
+///
+/// Classes are closed at the top, `(2^k, 2^k + 2^(k-2)]` and so on, not at the bottom: a
+/// segment's free tail is usually a whole number of pages, a power of two or a sum of few, and
+/// an allocation carved from it (or freed back into it) then changes its length within one
+/// class, where the index updates it in place (`replace`), instead of moving it between two
+/// classes on every allocate + free pair.
 fn class_of(len: usize) -> usize {
-    let len = len.max(1);
+    let len = len.saturating_sub(1).max(1);
     let fl = (usize::BITS - 1 - len.leading_zeros()) as usize;
     let sl = if fl >= 2 { (len >> (fl - 2)) & 3 } else { 0 };
     fl * 4 + sl
@@ -147,7 +48,7 @@ pub(crate) struct SizeIndex {
 impl Default for SizeIndex {
     fn default() -> Self {
         Self {
-            bins: (0..CLASSES).map(|_| Bin::Small(Vec::new())).collect(),
+            bins: (0..CLASSES).map(|_| Bin::default()).collect(),
             nonempty: [0; WORDS],
             count: 0,
         }
@@ -166,7 +67,7 @@ impl SizeIndex {
     pub(crate) fn remove(&mut self, e: Entry) -> bool {
         let c = class_of(e.0);
         let bin = &mut self.bins[c];
-        if !bin.remove(e) {
+        if !bin.remove(&e) {
             return false;
         }
         self.count -= 1;
@@ -179,7 +80,7 @@ impl SizeIndex {
     /// Replaces the entry `old` (which must be present) by `new`.
     pub(crate) fn replace(&mut self, old: Entry, new: Entry) {
         let c = class_of(old.0);
-        if c == class_of(new.0) && self.bins[c].replace(old, new) {
+        if c == class_of(new.0) && self.bins[c].replace_in_place(&old, new) {
             return;
         }
         let removed = self.remove(old);
@@ -188,12 +89,12 @@ impl SizeIndex {
     }
 
     pub(crate) fn contains(&self, e: Entry) -> bool {
-        self.bins[class_of(e.0)].contains(e)
+        self.bins[class_of(e.0)].contains(&e)
     }
 
     /// Every entry, in no particular order.
     pub(crate) fn iter(&self) -> impl Iterator<Item = Entry> + '_ {
-        self.bins.iter().flat_map(Bin::iter)
+        self.bins.iter().flat_map(|b| b.iter())
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -203,11 +104,11 @@ impl SizeIndex {
     /// The smallest range of at least `len` bytes (lowest address on ties).
     pub(crate) fn best_fit(&self, len: usize) -> Option<Entry> {
         let c = class_of(len);
-        if let Some(found) = self.bins[c].first_from((len, 0, 0)) {
+        if let Some(found) = self.bins[c].first_from(&(len, 0, 0)) {
             return Some(found);
         }
         let higher = self.next_nonempty(c + 1)?;
-        self.bins[higher].first_from((0, 0, 0))
+        self.bins[higher].first()
     }
 
     /// The first non-empty class at or above `from`.
