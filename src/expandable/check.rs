@@ -122,17 +122,17 @@ impl<B: Backend> State<B> {
                 .filter(|&(at, _, _)| inside(at))
             {
                 let p = self.pieces.get(b.piece);
-                if p.kind != Kind::Used || p.start != at || p.len != b.size || b.slot != seg.slot {
+                if p.kind != Kind::Used || p.start != at || b.slot != seg.slot {
                     return Err(format!(
-                        "block {at:#x}+{:#x}: its piece is {:?} {:#x}+{:#x}",
-                        b.size, p.kind, p.start, p.len
+                        "block {at:#x}: its piece is {:?} {:#x}+{:#x}",
+                        p.kind, p.start, p.len
                     ));
                 }
                 blocks += 1;
                 if pending {
-                    seg_pending += b.size;
+                    seg_pending += p.len;
                 } else {
-                    seg_live += b.size;
+                    seg_live += p.len;
                 }
             }
             if blocks != used {
@@ -168,16 +168,17 @@ impl<B: Backend> State<B> {
                 .segment_of(at)
                 .and_then(|k| self.segments.get(&k))
                 .ok_or(format!("block {at:#x} in a missing segment"))?;
-            if at % 512 != 0 || !seg.is_mapped(at, b.size) || b.size < b.requested {
+            let size = self.size_of(b);
+            if at % 512 != 0 || !seg.is_mapped(at, size) || size < b.requested {
                 return Err(format!(
                     "block {at:#x}+{:#x} misaligned, unmapped or too small",
-                    b.size
+                    self.size_of(b)
                 ));
             }
-            spans.push((at, at + b.size as u64));
+            spans.push((at, at + self.size_of(b) as u64));
         }
         for p in &self.pending {
-            spans.push((p.addr, p.addr + p.block.size as u64));
+            spans.push((p.addr, p.addr + self.size_of(&p.block) as u64));
         }
         spans.sort_unstable();
         if spans.windows(2).any(|w| w[0].1 > w[1].0) {

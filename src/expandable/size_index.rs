@@ -31,6 +31,7 @@ const WORDS: usize = CLASSES / 64;
 /// an allocation carved from it (or freed back into it) then changes its length within one
 /// class, where the index updates it in place (`replace`), instead of moving it between two
 /// classes on every allocate + free pair.
+#[inline]
 fn class_of(len: usize) -> usize {
     let len = len.saturating_sub(1).max(1);
     let fl = (usize::BITS - 1 - len.leading_zeros()) as usize;
@@ -56,6 +57,7 @@ impl Default for SizeIndex {
 }
 
 impl SizeIndex {
+    #[inline]
     pub(crate) fn insert(&mut self, e: Entry) {
         let c = class_of(e.0);
         if self.bins[c].insert(e) {
@@ -64,6 +66,7 @@ impl SizeIndex {
         }
     }
 
+    #[inline]
     pub(crate) fn remove(&mut self, e: Entry) -> bool {
         let c = class_of(e.0);
         let bin = &mut self.bins[c];
@@ -78,6 +81,7 @@ impl SizeIndex {
     }
 
     /// Replaces the entry `old` (which must be present) by `new`.
+    #[inline]
     pub(crate) fn replace(&mut self, old: Entry, new: Entry) {
         let c = class_of(old.0);
         if c == class_of(new.0) && self.bins[c].replace_in_place(&old, new) {
@@ -102,6 +106,7 @@ impl SizeIndex {
     }
 
     /// The smallest range of at least `len` bytes (lowest address on ties).
+    #[inline]
     pub(crate) fn best_fit(&self, len: usize) -> Option<Entry> {
         let c = class_of(len);
         if let Some(found) = self.bins[c].first_from(&(len, 0, 0)) {
@@ -141,6 +146,7 @@ pub(crate) struct Indexes {
 
 impl Indexes {
     /// The slot of `key`'s index, if it has one.
+    #[inline]
     pub(crate) fn find(&self, key: (StreamId, PoolKind)) -> Option<u32> {
         self.all
             .iter()
@@ -159,10 +165,18 @@ impl Indexes {
         }
     }
 
+    /// The (stream, pool) of the index in `slot`.
+    #[inline]
+    pub(crate) fn key(&self, slot: u32) -> (StreamId, PoolKind) {
+        self.all[slot as usize].0
+    }
+
+    #[inline]
     pub(crate) fn at(&self, slot: u32) -> &SizeIndex {
         &self.all[slot as usize].1
     }
 
+    #[inline]
     pub(crate) fn at_mut(&mut self, slot: u32) -> &mut SizeIndex {
         &mut self.all[slot as usize].1
     }

@@ -13,10 +13,11 @@ impl<B: Backend> State<B> {
             let mut allocated = 0;
             let inside = |at: u64| seg.start() <= at && at < seg.end();
             for (&at, b) in self.live.iter().filter(|(&at, _)| inside(at)) {
-                allocated += b.size;
+                let size = self.size_of(b);
+                allocated += size;
                 blocks.push(BlockInfo {
                     address: DevAddr::new(at),
-                    size: b.size,
+                    size,
                     requested_size: b.requested,
                     state: BlockState::ActiveAllocated,
                 });
@@ -24,7 +25,7 @@ impl<B: Backend> State<B> {
             for p in self.pending.iter().filter(|p| inside(p.addr)) {
                 blocks.push(BlockInfo {
                     address: DevAddr::new(p.addr),
-                    size: p.block.size,
+                    size: self.size_of(&p.block),
                     requested_size: p.block.requested,
                     state: BlockState::ActivePendingFree,
                 });

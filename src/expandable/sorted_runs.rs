@@ -45,6 +45,7 @@ impl<T> Default for SortedRuns<T> {
 impl<T: Ord + Copy> SortedRuns<T> {
     /// The run that holds `key` or would: the first whose smallest entry is at most `key` (the
     /// last run if none). Only call on a non-empty set.
+    #[inline(always)]
     fn run_of(&self, key: &T) -> usize {
         let last = self.lasts.len() - 1;
         if *key <= self.lasts[last] {
@@ -55,6 +56,7 @@ impl<T: Ord + Copy> SortedRuns<T> {
 
     /// Where `key` stands in run `r`, or would: `Ok(i)` if present, else `Err(i)`, the index it
     /// would be inserted at.
+    #[inline(always)]
     fn position(&self, r: usize, key: &T) -> Result<usize, usize> {
         let run = &self.runs[r];
         match run.last() {
@@ -69,11 +71,13 @@ impl<T: Ord + Copy> SortedRuns<T> {
         self.len
     }
 
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Adds `key`; false if it was present.
+    #[inline]
     pub(crate) fn insert(&mut self, key: T) -> bool {
         if self.len == 0 {
             match self.runs.first_mut() {
@@ -108,9 +112,16 @@ impl<T: Ord + Copy> SortedRuns<T> {
     }
 
     /// Removes `key`; false if it was absent.
+    #[inline]
     pub(crate) fn remove(&mut self, key: &T) -> bool {
-        if self.len == 0 {
-            return false;
+        if self.len <= 1 {
+            // The commonest bin of all: one range (a segment's tail), leaving it.
+            let found = self.len == 1 && self.lasts[0] == *key;
+            if found {
+                self.runs[0].clear();
+                self.len = 0;
+            }
+            return found;
         }
         let r = self.run_of(key);
         let Ok(i) = self.position(r, key) else {
@@ -154,6 +165,7 @@ impl<T: Ord + Copy> SortedRuns<T> {
     }
 
     /// The first (smallest) entry at or after `key`.
+    #[inline]
     pub(crate) fn first_from(&self, key: &T) -> Option<T> {
         let smallest = self.first()?;
         if smallest >= *key {
@@ -170,12 +182,14 @@ impl<T: Ord + Copy> SortedRuns<T> {
     }
 
     /// The smallest entry.
+    #[inline]
     pub(crate) fn first(&self) -> Option<T> {
         self.lasts.last().copied().filter(|_| self.len > 0)
     }
 
     /// Replaces `old` by `new` where it stands, if `new` sorts to the same place: true if done,
     /// false (nothing changed) if `old` is absent or `new` belongs elsewhere.
+    #[inline]
     pub(crate) fn replace_in_place(&mut self, old: &T, new: T) -> bool {
         if self.len == 0 {
             return false;

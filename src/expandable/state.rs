@@ -22,17 +22,17 @@ use crate::units::DevAddr;
 /// Slots of the table of recent frees that tells a double free from a foreign pointer.
 const RECENT_FREES: usize = 4096;
 
+/// A live or pending block, as small as it can be (the live map moves it on every allocate and
+/// free): its size is its piece's length, its stream and pool its index's key.
 #[derive(Clone, Debug)]
 pub(crate) struct Block {
     /// Its piece of the segment's tiling (Note [Pieces]).
     pub(crate) piece: PieceId,
     /// The slot of its (stream, pool)'s best-fit index.
     pub(crate) slot: u32,
-    pub(crate) size: usize,
     pub(crate) requested: usize,
-    pub(crate) stream: StreamId,
-    pub(crate) pool: PoolKind,
-    pub(crate) uses: Vec<StreamId>,
+    /// Other streams that used it (`record_stream`): empty, and unallocated, for most blocks.
+    pub(crate) uses: Box<[StreamId]>,
 }
 
 #[derive(Debug)]
@@ -310,11 +310,8 @@ impl<B: Backend> State<B> {
             Block {
                 piece,
                 slot,
-                size: rounded,
                 requested: size,
-                stream,
-                pool,
-                uses: Vec::new(),
+                uses: Box::default(),
             },
         );
         self.recent_frees.forget(at);
@@ -434,10 +431,9 @@ impl<B: Backend> State<B> {
                 }
             }
         }
-        self.stats.allocation.decrease(block.pool, 1);
-        self.stats
-            .allocated_bytes
-            .decrease(block.pool, block.size as u64);
+        let (pool, size) = (self.index.key(block.slot).1, self.size_of(&block));
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size as u64);
         self.recent_frees.remember(addr);
         if events.is_empty() {
             self.free_block(&block);
@@ -451,17 +447,23 @@ impl<B: Backend> State<B> {
         Ok(())
     }
 
+    /// A block's size: its piece's length.
+    pub(crate) fn size_of(&self, block: &Block) -> usize {
+        self.pieces.get(block.piece).len
+    }
+
     fn free_block(&mut self, block: &Block) {
         // A block's stream is its segment's: blocks are carved from their (stream, pool)'s ranges.
-        if !self.unsynced_frees.contains(&block.stream) {
-            self.unsynced_frees.push(block.stream);
+        let (stream, pool) = self.index.key(block.slot);
+        if !self.unsynced_frees.contains(&stream) {
+            self.unsynced_frees.push(stream);
         }
+        let size = self.size_of(block);
         self.make_free(block.slot, block.piece);
         let s = &mut self.stats;
-        s.active.decrease(block.pool, 1);
-        s.active_bytes.decrease(block.pool, block.size as u64);
-        s.requested_bytes
-            .decrease(block.pool, block.requested as u64);
+        s.active.decrease(pool, 1);
+        s.active_bytes.decrease(pool, size as u64);
+        s.requested_bytes.decrease(pool, block.requested as u64);
     }
 
     /// Waits for `stream`'s queued work before its free pages are unmapped (Note [Syncs]).
@@ -494,8 +496,10 @@ impl<B: Backend> State<B> {
             .live
             .get_mut(&ptr.get())
             .ok_or(AllocError::InvalidPointer(ptr))?;
-        if stream != block.stream && !block.uses.contains(&stream) {
-            block.uses.push(stream);
+        if stream != self.index.key(block.slot).0 && !block.uses.contains(&stream) {
+            let mut uses = std::mem::take(&mut block.uses).into_vec();
+            uses.push(stream);
+            block.uses = uses.into_boxed_slice();
         }
         Ok(())
     }
