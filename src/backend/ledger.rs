@@ -14,7 +14,9 @@
 //! * `ever_mapped` holds disjoint, non-adjacent ranges, each inside one live reservation, whose
 //!   union covers every mapping.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::backend::raw::{RawEvent, RawHandle};
@@ -64,11 +66,11 @@ pub(crate) struct Ledger {
     /// range that was never mapped. Cleared with the reservation, so it never outgrows the live
     /// reservations: at most one entry per run of mapped-at-some-point granules.
     ever_mapped: BTreeMap<u64, usize>,
-    handles: HashMap<u64, HandleEntry>,
+    handles: FxHashMap<u64, HandleEntry>,
     /// This ledger's tag, in the top bits of every id it hands out.
     tag: u64,
     next_handle: u64,
-    events: HashMap<u64, EventEntry>,
+    events: FxHashMap<u64, EventEntry>,
     next_event: u64,
     physical_bytes: usize,
     mapped_bytes: usize,
@@ -90,10 +92,10 @@ impl Ledger {
             reservations: BTreeMap::new(),
             mappings: BTreeMap::new(),
             ever_mapped: BTreeMap::new(),
-            handles: HashMap::new(),
+            handles: FxHashMap::default(),
             tag: (NEXT_TAG.fetch_add(1, Ordering::Relaxed) % 0xFFFF + 1) << TAG_SHIFT,
             next_handle: 1,
-            events: HashMap::new(),
+            events: FxHashMap::default(),
             next_event: 1,
             physical_bytes: 0,
             mapped_bytes: 0,

@@ -1,7 +1,9 @@
 //! The classic allocator's state and `malloc`, ported from PyTorch's `DeviceCachingAllocator`
 //! (reference §1.3–1.9): names follow upstream so a diff against it reads line by line.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use rustc_hash::FxHashMap;
 
 use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
 use crate::classic::blocks::{Arena, Block, BlockId, Pool};
@@ -25,7 +27,7 @@ pub(crate) struct State<B: Backend> {
     pub(crate) small: Pool,
     pub(crate) large: Pool,
     /// Allocated blocks by address (`active_blocks` and the pointer map in one).
-    pub(crate) active: HashMap<u64, BlockId>,
+    pub(crate) active: FxHashMap<u64, BlockId>,
     /// Device allocations by their first address.
     pub(crate) segments: BTreeMap<u64, DeviceSegment>,
     /// Per stream, FIFO: events of blocks used on that stream (`cuda_events`).
@@ -68,7 +70,7 @@ impl<B: Backend> State<B> {
             blocks: Arena::default(),
             small: Pool::default(),
             large: Pool::default(),
-            active: HashMap::new(),
+            active: FxHashMap::default(),
             segments: BTreeMap::new(),
             events: BTreeMap::new(),
             stats: MemoryStats::default(),
