@@ -75,6 +75,7 @@ impl<B: Backend> State<B> {
             }
         }
         let mut grown: Vec<Grown> = Vec::new();
+        let mut harvest = None;
         let mut cursor = target.hole_start;
         while cursor < map_end {
             let room = (target.hole_end - cursor) as usize;
@@ -82,7 +83,7 @@ impl<B: Backend> State<B> {
             // The growth relies on every free byte from the block's start to its end, beyond the hole too.
             let exclude = (target.seg, target.start, need_end);
             let held: usize = grown.iter().map(|c| c.len).sum();
-            let got = match self.acquire(want, room, exclude, held) {
+            let got = match self.acquire(want, room, exclude, held, &mut harvest) {
                 Ok(got) => got,
                 Err(e) => return Err(self.rollback(&target, grown, e)),
             };
@@ -206,13 +207,15 @@ impl<B: Backend> State<B> {
 
     /// A handle of about `want` bytes (at most `room`) for the growth in progress.
     /// `exclude` = (segment, from, to): chunks there must not be harvested (the growth relies on
-    /// them); `held` = bytes this growth already holds, for the memory-fraction limit.
+    /// them); `held` = bytes this growth already holds, for the memory-fraction limit;
+    /// `harvest` = the growth's remap candidates, listed on its first harvest.
     fn acquire(
         &mut self,
         want: usize,
         room: usize,
         exclude: (u64, u64, u64),
         held: usize,
+        harvest: &mut Option<Vec<(u64, FreeChunk)>>,
     ) -> Result<(PhysHandle, usize, bool), GrowFail> {
         loop {
             if let Some((h, len)) = self.cache.take(want, room) {
@@ -234,7 +237,7 @@ impl<B: Backend> State<B> {
                 self.trim_cache(self.cache.bytes().saturating_sub(1))?;
                 continue;
             }
-            if self.config.remap_defrag && self.harvest_one(exclude, want)? {
+            if self.config.remap_defrag && self.harvest_one(exclude, want, harvest)? {
                 continue;
             }
             return Err(GrowFail::OutOfMemory);
@@ -243,33 +246,63 @@ impl<B: Backend> State<B> {
 
     /// Unmaps one fully-free chunk outside `exclude` into the handle cache (Note [Remap]).
     /// Prefers a chunk of exactly `want` bytes, then the highest address. False if none exists.
-    fn harvest_one(&mut self, exclude: (u64, u64, u64), want: usize) -> Result<bool, GrowFail> {
+    ///
+    /// Note [Harvest list]: the fully-free chunks are listed once per growth, on its first
+    /// harvest, not once per page harvested (listing sorts every segment's free ranges, which
+    /// made a full device's churn many times slower than classic's). The list stays exact for
+    /// the growth's length: harvesting only takes chunks away, and nothing else changes free
+    /// ranges until the growth ends. Unmapping a chunk splits its free piece, whose index stays
+    /// with the part after the chunk (Note [Pieces]); the chunks listed before it in the same
+    /// piece are moved to the piece that holds the part before.
+    fn harvest_one(
+        &mut self,
+        exclude: (u64, u64, u64),
+        want: usize,
+        listed: &mut Option<Vec<(u64, FreeChunk)>>,
+    ) -> Result<bool, GrowFail> {
+        let cands = match listed {
+            Some(c) => c,
+            None => listed.insert(self.harvest_candidates(exclude)),
+        };
+        let best = cands
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, (_, c))| (c.chunk.len == want, c.at))
+            .map(|(i, _)| i);
+        let Some(best) = best else {
+            return Ok(false);
+        };
+        let (seg, free) = cands[best];
+        self.sync_before_unmap(self.segments[&seg].stream)?;
+        let front = self.unmap_chunk(seg, free)?;
+        cands.swap_remove(best);
+        if let Some(front) = front {
+            for (s, c) in cands.iter_mut() {
+                if *s == seg && c.piece == free.piece && c.at < free.at {
+                    c.piece = front;
+                }
+            }
+        }
+        let chunk = free.chunk;
+        self.stats.remapped_bytes += chunk.len as u64;
+        self.cache.put(chunk.handle, chunk.len);
+        Ok(true)
+    }
+
+    /// Every fully-free chunk of every segment, outside `exclude` = (segment, from, to).
+    fn harvest_candidates(&self, exclude: (u64, u64, u64)) -> Vec<(u64, FreeChunk)> {
         let (ex_seg, ex_from, ex_to) = exclude;
-        let mut best: Option<(u64, FreeChunk)> = None;
+        let mut out = Vec::new();
         for (&key, seg) in &self.segments {
             for c in seg.free_chunks(&self.free_pieces(seg)) {
                 let (at, len) = (c.at, c.chunk.len);
                 if key == ex_seg && at < ex_to && at + len as u64 > ex_from {
                     continue;
                 }
-                let better = match best {
-                    None => true,
-                    Some((_, b)) => ((len == want), at) > ((b.chunk.len == want), b.at),
-                };
-                if better {
-                    best = Some((key, c));
-                }
+                out.push((key, c));
             }
         }
-        let Some((seg, free)) = best else {
-            return Ok(false);
-        };
-        let chunk = free.chunk;
-        self.sync_before_unmap(self.segments[&seg].stream)?;
-        self.unmap_chunk(seg, free)?;
-        self.stats.remapped_bytes += chunk.len as u64;
-        self.cache.put(chunk.handle, chunk.len);
-        Ok(true)
+        out
     }
 
     /// Returns a handle the growth did not get to use.

@@ -212,19 +212,26 @@ impl<B: Backend> State<B> {
     }
 
     /// Takes `[at, at + len)` out of free piece `id` of `seg` (unmapped: it becomes a gap,
-    /// merged with the gaps around it). The piece keeps what follows the range, under its index.
-    pub(crate) fn free_to_gap(&mut self, seg: u64, id: PieceId, at: u64, len: usize) {
-        let Some(s) = self.segments.get_mut(&seg) else {
-            return;
-        };
+    /// merged with the gaps around it). The piece keeps what follows the range, under its index;
+    /// what precedes it, if anything, becomes a new free piece, returned.
+    pub(crate) fn free_to_gap(
+        &mut self,
+        seg: u64,
+        id: PieceId,
+        at: u64,
+        len: usize,
+    ) -> Option<PieceId> {
+        let s = self.segments.get_mut(&seg)?;
         let p = *self.pieces.get(id);
         let end = at + len as u64;
         debug_assert!(p.kind == Kind::Free && p.start <= at && end <= p.end());
         let ix = self.index.at_mut(s.slot);
         ix.remove((p.len, p.start, id));
+        let mut front = None;
         if p.start < at {
-            let front = self.pieces.split_front(id, at);
-            ix.insert(((at - p.start) as usize, p.start, front));
+            let f = self.pieces.split_front(id, at);
+            ix.insert(((at - p.start) as usize, p.start, f));
+            front = Some(f);
         }
         let mut gap = if end < p.end() {
             ix.insert(((p.end() - end) as usize, end, id));
@@ -244,6 +251,7 @@ impl<B: Backend> State<B> {
             gap = self.pieces.merge_into_next(prev);
         }
         s.gaps.insert(self.pieces.get(gap).start, gap);
+        front
     }
 
     /// The free pieces of `seg` as (start, length, piece), in address order. From the index, not
@@ -661,21 +669,26 @@ impl<B: Backend> State<B> {
     }
 
     /// Unmaps one free chunk and takes it out of the free ranges; the handle is the caller's.
-    pub(crate) fn unmap_chunk(&mut self, seg: u64, free: FreeChunk) -> Result<(), BackendError> {
+    /// Returns the new free piece before the chunk, if its piece was split (`free_to_gap`).
+    pub(crate) fn unmap_chunk(
+        &mut self,
+        seg: u64,
+        free: FreeChunk,
+    ) -> Result<Option<PieceId>, BackendError> {
         let FreeChunk { at, chunk, piece } = free;
         track(
             &mut self.stats,
             CallKind::Unmap,
             self.backend.unmap(DevAddr::new(at), chunk.len),
         )?;
-        self.free_to_gap(seg, piece, at, chunk.len);
+        let front = self.free_to_gap(seg, piece, at, chunk.len);
         let s = self.segments.get_mut(&seg).expect("live segment");
         s.remove_chunk(at);
         s.mapped_bytes -= chunk.len;
         let pool = s.pool;
         self.stats.reserved_bytes.decrease(pool, chunk.len as u64);
         self.stats.num_device_free += 1;
-        Ok(())
+        Ok(front)
     }
 
     fn free_segment(&mut self, seg: u64) -> Result<(), BackendError> {
