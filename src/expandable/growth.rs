@@ -294,7 +294,7 @@ impl<B: Backend> State<B> {
         let (ex_seg, ex_from, ex_to) = exclude;
         let mut out = Vec::new();
         for (&key, seg) in &self.segments {
-            for c in seg.free_chunks(&self.free_pieces(seg)) {
+            for c in self.free_chunks(seg) {
                 let (at, len) = (c.at, c.chunk.len);
                 if key == ex_seg && at < ex_to && at + len as u64 > ex_from {
                     continue;

@@ -194,30 +194,6 @@ impl Segment {
         self.gaps.range(..=at).next_back().map(|(_, &id)| id)
     }
 
-    /// Chunks lying wholly inside free ranges: their pages hold nothing and can be unmapped.
-    /// `ranges` are the segment's free pieces as (start, length, piece), in address order. Each
-    /// chunk comes with the piece holding it, in address order: unmapping chunks in that order
-    /// leaves each next one in a piece of the same index (Note [Pieces]).
-    pub(crate) fn free_chunks(&self, ranges: &[(u64, usize, PieceId)]) -> Vec<FreeChunk> {
-        let mut out = Vec::new();
-        // One walk over both, in address order: the only range that can hold a chunk is the
-        // first one ending after the chunk's start.
-        let mut r = 0;
-        for (&at, &chunk) in &self.chunks {
-            while r < ranges.len() && ranges[r].0 + ranges[r].1 as u64 <= at {
-                r += 1;
-            }
-            let Some(&(start, len, piece)) = ranges.get(r) else {
-                break;
-            };
-            let end = start + len as u64;
-            if start <= at && at + chunk.len as u64 <= end {
-                out.push(FreeChunk { at, chunk, piece });
-            }
-        }
-        out
-    }
-
     /// Whether `[at, at + len)` lies in contiguous chunks.
     pub(crate) fn is_mapped(&self, at: u64, len: usize) -> bool {
         let end = at + len as u64;

@@ -97,7 +97,8 @@ impl SizeIndex {
     }
 
     /// Every entry, in no particular order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = Entry> + '_ {
+    #[cfg(test)]
+    fn iter(&self) -> impl Iterator<Item = Entry> + '_ {
         self.bins.iter().flat_map(|b| b.iter())
     }
 

@@ -218,6 +218,7 @@ impl<T: Ord + Copy> SortedRuns<T> {
     }
 
     /// Every entry, in ascending order.
+    #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = T> + '_ {
         self.runs.iter().rev().flat_map(|r| r.iter().rev()).copied()
     }
