@@ -55,9 +55,13 @@ pub fn script(ops: usize, capacity: usize, seed: u64) -> Vec<Op> {
     let mut next_slot = 0;
     let mut held = false;
     let mut expected = 0usize;
+    // Where the last fill burst ran: a burst that finds the device already full adds nothing,
+    // and must not run again at the same place (that looped forever in long scripts).
+    let mut burst_at = None;
     while out.len() < ops {
         let at = out.len();
-        if at % 97 == 60 {
+        if at % 97 == 60 && burst_at != Some(at) {
+            burst_at = Some(at);
             // Fill burst: 6-16 MiB blocks on streams 0 and 1 up to ~95 % of the device, then free
             // every other one: holes everywhere, the device nearly full.
             let mut burst = Vec::new();
