@@ -128,6 +128,10 @@ pub struct MemoryStats {
     pub handle_reuses: u64,
     /// Bytes of free interior pages unmapped and remapped where growth needed them.
     pub remapped_bytes: u64,
+    /// Bytes of chunks a rolled-back growth mapped and then could not unmap (the driver refused):
+    /// still mapped, never handed out, not in `reserved_bytes`, unmapped again by `empty_cache`
+    /// or the allocator's drop. Expandable only; normally 0.
+    pub stuck_bytes: u64,
     /// Backend calls by kind, made by this allocator.
     pub calls: CallCounts,
 }

@@ -743,12 +743,19 @@ impl<B: Backend> State<B> {
         Ok(())
     }
 
-    /// The statistics, with the handle cache's figures read from the cache itself: derived, not
-    /// kept in step, so no error path can leave them stale.
+    /// The statistics, with the handle cache's figures read from the cache itself and the stuck
+    /// chunks' from the segments: derived, not kept in step, so no error path can leave them
+    /// stale.
     pub(crate) fn stats_now(&self) -> MemoryStats {
         let mut stats = self.stats;
         stats.handles_cached = self.cache.count() as u64;
         stats.handle_cache_bytes = self.cache.bytes() as u64;
+        let stuck = self.segments.values().flat_map(|s| s.stuck.values());
+        let abandoned = self
+            .abandoned
+            .iter()
+            .flat_map(|a| a.stuck.iter().map(|(_, c)| c));
+        stats.stuck_bytes = stuck.chain(abandoned).map(|c| c.len as u64).sum();
         stats
     }
 }

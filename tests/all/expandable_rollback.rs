@@ -217,6 +217,7 @@ fn a_failed_unmap_during_rollback_leaves_a_consistent_state() {
         if !stuck {
             // The run's unmap failed once; chunk by chunk it succeeded.
             assert_eq!(held(&s), before, "{what}");
+            assert_eq!(s.alloc.stats().stuck_bytes, 0, "{what}");
             continue;
         }
         // Three chunks (the cached handles) stay mapped, outside every count.
@@ -236,6 +237,11 @@ fn a_failed_unmap_during_rollback_leaves_a_consistent_state() {
             stats.handles_cached, 0,
             "{what}: mapped handles are not cached"
         );
+        assert_eq!(
+            stats.stuck_bytes,
+            6 * MB as u64,
+            "{what}: the stuck chunks are reported"
+        );
         // Growth maps around them.
         let a = s.alloc.allocate(10 * MB, S0).unwrap();
         s.alloc.check_invariants().unwrap();
@@ -246,6 +252,10 @@ fn a_failed_unmap_during_rollback_leaves_a_consistent_state() {
         s.alloc.empty_cache().unwrap();
         let stats = s.alloc.stats();
         assert_eq!(stats.reserved_bytes.all.current, 0);
+        assert_eq!(
+            stats.stuck_bytes, 0,
+            "{what}: empty_cache unmapped the stuck chunks"
+        );
         // The cache keeps 6 MiB; everything else, the stuck chunks included, is given back.
         assert_eq!(s.backend.live().mapped_bytes, 0, "{what}");
         assert_eq!(

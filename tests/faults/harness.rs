@@ -194,6 +194,7 @@ fn view(a: &dyn Under) -> View {
         ("num_device_free", s.num_device_free),
         ("handles_cached", s.handles_cached),
         ("handle_cache_bytes", s.handle_cache_bytes),
+        ("stuck_bytes", s.stuck_bytes),
         ("handle_reuses", s.handle_reuses),
         ("remapped_bytes", s.remapped_bytes),
     ]);
@@ -392,6 +393,7 @@ impl<'a, B: Controls> Run<'a, B> {
         let pressure = after.stats.num_device_free != before.stats.num_device_free
             || after.stats.remapped_bytes != before.stats.remapped_bytes
             || after.stats.handles_cached != before.stats.handles_cached
+            || after.stats.stuck_bytes != before.stats.stuck_bytes
             || has_pending(&before.snapshot);
         let exact = match op {
             Op::Free { .. } | Op::Record { .. } => true,
