@@ -43,7 +43,6 @@ fn class_of(len: usize) -> usize {
 pub(crate) struct SizeIndex {
     bins: Vec<Bin>,
     nonempty: [u64; WORDS],
-    count: usize,
 }
 
 impl Default for SizeIndex {
@@ -51,57 +50,50 @@ impl Default for SizeIndex {
         Self {
             bins: (0..CLASSES).map(|_| Bin::default()).collect(),
             nonempty: [0; WORDS],
-            count: 0,
         }
     }
 }
 
 impl SizeIndex {
+    /// Adds `e` to class `c`'s bin and marks the bin non-empty.
+    #[inline]
+    fn put(&mut self, c: usize, e: Entry) {
+        self.bins[c].insert(e);
+        self.nonempty[c / 64] |= 1 << (c % 64);
+    }
+
+    /// Takes `e` out of class `c`'s bin, marking the bin empty if it is; false if absent.
+    #[inline]
+    fn take(&mut self, c: usize, e: Entry) -> bool {
+        let bin = &mut self.bins[c];
+        let removed = bin.remove(&e);
+        if bin.is_empty() {
+            self.nonempty[c / 64] &= !(1 << (c % 64));
+        }
+        removed
+    }
+
     #[inline]
     pub(crate) fn insert(&mut self, e: Entry) {
-        let c = class_of(e.0);
-        if self.bins[c].insert(e) {
-            self.count += 1;
-            self.nonempty[c / 64] |= 1 << (c % 64);
-        }
+        self.put(class_of(e.0), e);
     }
 
     #[inline]
     pub(crate) fn remove(&mut self, e: Entry) -> bool {
-        let c = class_of(e.0);
-        let bin = &mut self.bins[c];
-        if !bin.remove(&e) {
-            return false;
-        }
-        self.count -= 1;
-        if bin.is_empty() {
-            self.nonempty[c / 64] &= !(1 << (c % 64));
-        }
-        true
+        self.take(class_of(e.0), e)
     }
 
-    /// Replaces the entry `old` (which must be present) by `new`.
+    /// Replaces the entry `old` (which must be present) by `new`: in place when it keeps its
+    /// class and rank (a page-sized tail carved or given back), else moved.
     #[inline]
     pub(crate) fn replace(&mut self, old: Entry, new: Entry) {
         let (co, cn) = (class_of(old.0), class_of(new.0));
         if co == cn && self.bins[co].replace_in_place(&old, new) {
             return;
         }
-        // Moved within its class or to another: the count stays, only the two bits may change.
-        // (Going through `remove` and `insert` updated the count twice, and cost a page-sized
-        // tail that crosses classes on every allocate + free pair a fifth of the pair's time.)
-        let from = &mut self.bins[co];
-        let removed = from.remove(&old);
+        let removed = self.take(co, old);
         debug_assert!(removed, "replacing {old:?}, which is not indexed");
-        if from.is_empty() {
-            self.nonempty[co / 64] &= !(1 << (co % 64));
-        }
-        let inserted = self.bins[cn].insert(new);
-        self.nonempty[cn / 64] |= 1 << (cn % 64);
-        if removed != inserted {
-            // Only if the caller broke the contract: keep the count true to the bins.
-            self.count = self.count + usize::from(inserted) - usize::from(removed);
-        }
+        self.put(cn, new);
     }
 
     pub(crate) fn contains(&self, e: Entry) -> bool {
@@ -114,8 +106,9 @@ impl SizeIndex {
         self.bins.iter().flat_map(|b| b.iter())
     }
 
+    /// How many ranges it holds: counted, not kept (only `check` asks).
     pub(crate) fn len(&self) -> usize {
-        self.count
+        self.bins.iter().map(SortedRuns::len).sum()
     }
 
     /// The smallest range of at least `len` bytes (lowest address on ties).

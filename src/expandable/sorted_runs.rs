@@ -66,8 +66,7 @@ impl<T: Ord + Copy> SortedRuns<T> {
         }
     }
 
-    #[cfg(test)]
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
