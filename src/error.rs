@@ -129,6 +129,18 @@ pub enum BackendErrorKind {
         /// Size of the handle.
         handle_size: usize,
     },
+    /// A map asked for part of a handle. CUDA maps only whole handles: `cuMemMap` on an H100
+    /// (driver 580, CUDA 13) returns `CUDA_ERROR_NOT_SUPPORTED` for a non-zero offset or a length
+    /// shorter than the handle, so every backend refuses it alike.
+    #[error("offset {offset:#x}, length {len:#x} maps part of a {handle_size:#x}-byte handle; CUDA maps only whole handles (offset 0, length = the handle's size): create handles of the size you map")]
+    PartialHandle {
+        /// Offset into the handle.
+        offset: usize,
+        /// Length mapped.
+        len: usize,
+        /// Size of the handle.
+        handle_size: usize,
+    },
     /// The handle was never created by this backend.
     #[error("{0:?} was not created by this backend")]
     UnknownHandle(PhysHandle),

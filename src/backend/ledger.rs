@@ -337,6 +337,15 @@ impl Ledger {
                 handle_size: entry.len,
             });
         }
+        // CUDA's rule, not ours: `cuMemMap`'s offset "must be zero" and the driver refuses a
+        // mapping shorter than the handle (CUDA_ERROR_NOT_SUPPORTED, measured on an H100).
+        if offset != 0 || len != entry.len {
+            return Err(E::PartialHandle {
+                offset,
+                len,
+                handle_size: entry.len,
+            });
+        }
         if let Some((&start, m)) = self.mappings.range(..end).next_back() {
             if start + m.len as u64 > at.get() {
                 return Err(E::AlreadyMapped {

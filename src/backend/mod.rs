@@ -20,7 +20,8 @@
 //! must:
 //! 1. pass lengths that are non-zero multiples of [`Backend::granularity`], and addresses and
 //!    handle offsets aligned to it;
-//! 2. map only inside a range returned by [`Backend::reserve`], never over an existing mapping;
+//! 2. map only inside a range returned by [`Backend::reserve`], never over an existing mapping,
+//!    and only whole handles (offset 0, length = the handle's size: what an H100 accepts);
 //! 3. unmap and set access on whole mappings (one call may cover several adjacent ones);
 //! 4. unmap everything inside a reservation before freeing it, and release each handle once.
 //!
@@ -240,8 +241,9 @@ pub trait Backend: Send + Sync {
     /// last mapping of it goes.
     fn release(&self, handle: PhysHandle) -> Result<(), BackendError>;
 
-    /// Maps `len` bytes of `handle`, from byte `offset`, at `at` (`cuMemMap`). The new mapping has
-    /// no access until [`Backend::set_access`].
+    /// Maps `handle` at `at` (`cuMemMap`). The new mapping has no access until
+    /// [`Backend::set_access`]. `len` must be the handle's size and `offset` zero: the driver maps
+    /// only whole handles (`PartialHandle` otherwise); the arguments keep `cuMemMap`'s shape.
     fn map(
         &self,
         at: DevAddr,

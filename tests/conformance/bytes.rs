@@ -15,7 +15,6 @@ pub fn cases<B: Subject>() -> Vec<Case<B>> {
         alias_mappings_share_bytes,
         alias_keeps_bytes_after_other_unmapped,
         remapped_handle_keeps_bytes,
-        handle_offset_mapping_shows_right_bytes,
         write_spans_adjacent_mappings,
         no_access_until_set_access,
         read_only_access_refuses_writes,
@@ -132,43 +131,6 @@ fn remapped_handle_keeps_bytes<B: Subject>(b: &B) -> TestResult {
         "handle unmapped and mapped again",
     )?;
     ok!(b.unmap(addr(va, g), g));
-    ok!(b.release(h));
-    ok!(b.free_reservation(va));
-    Ok(())
-}
-
-fn handle_offset_mapping_shows_right_bytes<B: Subject>(b: &B) -> TestResult {
-    let g = b.granularity();
-    let va = ok!(b.reserve(3 * g));
-    let h = ok!(b.create(2 * g));
-    ok!(b.map(va.start, 2 * g, h, 0));
-    ok!(b.set_access(va.start, 2 * g, &rw(b)));
-    let head = pattern(64, 10); // in the first granule: must not show up below
-    let second = pattern(256, 11);
-    let tail = pattern(16, 12);
-    ok!(b.write(va.start, &head));
-    ok!(b.write(addr(va, g), &second));
-    ok!(b.write(addr(va, 2 * g - 16), &tail));
-    // The second granule alone, mapped at 2g.
-    ok!(b.map(addr(va, 2 * g), g, h, g));
-    ok!(b.set_access(addr(va, 2 * g), g, &rw(b)));
-    expect_bytes(b, addr(va, 2 * g), &second, "start of the offset mapping")?;
-    expect_bytes(b, addr(va, 3 * g - 16), &tail, "end of the offset mapping")?;
-    let fresh = pattern(32, 13);
-    ok!(b.write(addr(va, 2 * g + 512), &fresh));
-    expect_bytes(
-        b,
-        addr(va, g + 512),
-        &fresh,
-        "written via the offset mapping, read via the whole",
-    )?;
-    expect_bytes(
-        b,
-        va.start,
-        &head,
-        "first granule untouched by writes to the second",
-    )?;
-    ok!(b.unmap(va.start, 3 * g));
     ok!(b.release(h));
     ok!(b.free_reservation(va));
     Ok(())
