@@ -3,7 +3,7 @@
 //!
 //! `workloads::rmm_random` builds the trace (73 % allocation probability, sizes uniform in
 //! [1 B, max]) for max ∈ {1, 64, 256} MiB and 10,000 and 100,000 operations; each run replays it
-//! on a fresh 16 GiB Sim device with `trace::replay::replay`, so the time covers building the
+//! on a fresh 16 GiB Sim device with `vmm_replay::replay::replay`, so the time covers building the
 //! allocator, every allocation and free, and tearing it down. What each allocator needed (OOMs,
 //! peak reserved) does not vary between runs: it is printed once, before the timing, and written
 //! to `<target>/bench-extra/churn.json`.

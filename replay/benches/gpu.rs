@@ -20,7 +20,7 @@
 //! * `gpu_replay/<allocator>/<trace>`: `replay.rs`'s traces on the whole device, throughput in
 //!   events (one element per event).
 //!
-//! `trace::replay::replay` drives a Sim only, so churn and replay here use `cuda::replay_on`, the
+//! `vmm_replay::replay::replay` drives a Sim only, so churn and replay here use `cuda::replay_on`, the
 //! same loop on any allocator: a fresh allocator per run (building and dropping it are timed, as on
 //! Sim), `held_bytes()` read after every event for the peak (as on Sim), OOMs counted and skipped.
 //! Each trace stream is a cudarc stream registered with the backend (stream 0 the legacy one).
@@ -248,7 +248,7 @@ mod cuda {
     }
 
     /// One allocator of `policy` on `backend`, holding at most `fraction` of the device, with the
-    /// trace's `PYTORCH_CUDA_ALLOC_CONF` applied as `trace::replay::replay` does.
+    /// trace's `PYTORCH_CUDA_ALLOC_CONF` applied as `vmm_replay::replay::replay` does.
     fn make(
         policy: Policy,
         backend: &CudaBackend,
@@ -274,7 +274,7 @@ mod cuda {
         }
     }
 
-    /// Replays `trace` through a fresh allocator of `policy`, as `trace::replay::replay` does on
+    /// Replays `trace` through a fresh allocator of `policy`, as `vmm_replay::replay::replay` does on
     /// Sim: initial blocks, then the events; an allocation that fails out of memory is counted
     /// and its free skipped; the program's `empty_cache()` calls are replayed; `held_bytes()` is
     /// read after every event for the peak reserved (mapped pages plus cached handles).

@@ -1,4 +1,4 @@
-//! Replay throughput: events per second through `trace::replay::replay` on Sim, for each
+//! Replay throughput: events per second through `vmm_replay::replay::replay` on Sim, for each
 //! allocator (issue 7, benchmark 4; the target is at least 5 million events per second).
 //!
 //! Two traces: the built-in `transformer_training(1)`, always, and the largest file in
