@@ -77,12 +77,12 @@ mod cuda {
     use cudarc::driver::{result, sys, CudaContext, CudaStream};
     use vmm_alloc::backend::Backend;
     use vmm_alloc::config::{AllocConf, Config};
-    use vmm_replay::replay::Policy;
-    use vmm_replay::{workloads, Event, Trace};
     use vmm_alloc::{
         AllocError, Allocation, Allocator, ClassicAllocator, CudaBackend, ExpandableAllocator,
         StreamId,
     };
+    use vmm_replay::replay::Policy;
+    use vmm_replay::{workloads, Event, Trace};
 
     use crate::extra::{self, Json, Needed};
     use crate::growth::{GIB, MIB, TARGETS};

@@ -13,12 +13,12 @@
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
-use vmm_alloc::backend::{SimBackend, SimConfig};
-use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::error::AllocError;
 use crate::replay::Policy;
 use crate::snapshot::DeviceTrace;
 use crate::{Event, StartState};
+use vmm_alloc::backend::{SimBackend, SimConfig};
+use vmm_alloc::classic::ClassicAllocator;
+use vmm_alloc::error::AllocError;
 use vmm_alloc::{Allocation, Allocator, StreamId};
 
 /// The comparison for one device trace.

@@ -4,12 +4,12 @@
 use rustc_hash::FxHashMap;
 use std::time::Instant;
 
-use vmm_alloc::backend::{CallCounts, SimBackend, SimConfig};
-use vmm_alloc::config::{parse_alloc_conf, AllocConf, Config};
-use vmm_alloc::error::AllocError;
 use crate::dump::recorder::Recorder;
 use crate::dump::SnapshotDump;
 use crate::{Event, Trace};
+use vmm_alloc::backend::{CallCounts, SimBackend, SimConfig};
+use vmm_alloc::config::{parse_alloc_conf, AllocConf, Config};
+use vmm_alloc::error::AllocError;
 use vmm_alloc::{Allocation, Allocator, ClassicAllocator, ExpandableAllocator, StreamId};
 
 /// An allocator policy the replay tool compares.

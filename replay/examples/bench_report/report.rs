@@ -25,7 +25,13 @@ fn bench_source(bench: &str) -> String {
     }
 }
 
-pub(crate) fn section_head(out: &mut String, d: &Data, title: &str, bench: &str, groups: &[String]) {
+pub(crate) fn section_head(
+    out: &mut String,
+    d: &Data,
+    title: &str,
+    bench: &str,
+    groups: &[String],
+) {
     writeln!(out, "## {title}\n").expect("write to a String");
     let source = bench_source(bench);
     writeln!(

@@ -70,7 +70,11 @@ pub(super) fn granules(addr: i128, size: u64) -> (i128, i128) {
 /// reserved bytes at dump and whether the device has any segment.
 pub(super) type DumpState = (HashMap<Option<i128>, (u64, u64)>, i128, bool);
 
-pub(super) fn dump_state(dev: u64, segments: &[Value], work: &mut Work) -> Result<DumpState, String> {
+pub(super) fn dump_state(
+    dev: u64,
+    segments: &[Value],
+    work: &mut Work,
+) -> Result<DumpState, String> {
     let mut blocks = HashMap::new();
     let mut reserved: i128 = 0;
     let mut any = false;
@@ -167,4 +171,3 @@ pub(super) fn dump_segments(dev: u64, segments: &[Value]) -> Vec<DumpSegment> {
     }
     out
 }
-

@@ -89,7 +89,11 @@ impl Work {
     }
 }
 
-pub(super) fn parse_entry<'a>(i: usize, e: &'a Value, work: &mut Work) -> Result<Entry<'a>, String> {
+pub(super) fn parse_entry<'a>(
+    i: usize,
+    e: &'a Value,
+    work: &mut Work,
+) -> Result<Entry<'a>, String> {
     work.spend(e)?;
     if !matches!(e, Value::Dict(_)) {
         // trace_summary counts these and moves on; so do we.

@@ -63,7 +63,6 @@ use device::device_trace;
 use entries::Work;
 use settings::alloc_conf;
 
-
 /// More devices than any machine has: segments naming more are a corrupt file, and refusing them
 /// keeps the per-device work bounded.
 const MAX_STATE_ONLY_DEVICES: usize = 1024;

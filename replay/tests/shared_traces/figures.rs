@@ -16,10 +16,7 @@ use crate::{Shared, SharedTest};
 
 /// The tests of this file.
 pub const TESTS: &[(&str, SharedTest)] = &[
-    (
-        "figures::match_trace_summary",
-        figures_match_trace_summary,
-    ),
+    ("figures::match_trace_summary", figures_match_trace_summary),
     (
         "figures::release_runs_of_known_files",
         release_runs_of_known_files,

@@ -46,7 +46,10 @@ fn run_against(dir: &std::path::Path) -> Result<(bool, String, [usize; 3]), Fail
 
 fn absent_is_ignored_present_but_empty_fails() -> Result<(), Failed> {
     let n = shared_tests();
-    let tmp = std::env::temp_dir().join(format!("vmm-replay-shared-mechanism-{}", std::process::id()));
+    let tmp = std::env::temp_dir().join(format!(
+        "vmm-replay-shared-mechanism-{}",
+        std::process::id()
+    ));
     let absent = tmp.join("absent");
     let empty = tmp.join("empty");
     std::fs::create_dir_all(&empty).map_err(|e| format!("{}: {e}", empty.display()))?;

@@ -45,4 +45,3 @@ fn round_trips_real_snapshots(shared: &Shared) -> Result<Completion, Failed> {
     println!("all: {events} events, pickles {pickles} B, native {natives} B");
     Ok(Completion::Completed)
 }
-

@@ -4,9 +4,9 @@
 
 use std::path::PathBuf;
 
+use vmm_alloc::units::human_bytes;
 use vmm_replay::faithfulness::{check_classic, ClassicCheck};
 use vmm_replay::snapshot::analyse_snapshot;
-use vmm_alloc::units::human_bytes;
 
 /// Checks every device of every file; the report, and whether every trace matched exactly.
 pub fn run(files: &[PathBuf], capacity: usize) -> Result<(String, bool), String> {

@@ -2,9 +2,9 @@
 
 use serde_json::{json, Map, Value};
 use vmm_alloc::backend::CallKind;
+use vmm_alloc::units::human_bytes;
 use vmm_replay::replay::ReplayOutcome;
 use vmm_replay::Trace;
-use vmm_alloc::units::human_bytes;
 
 /// Everything measured for one trace.
 pub struct TraceReport {
