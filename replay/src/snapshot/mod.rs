@@ -4,16 +4,16 @@
 //! The figures follow `shared/traces/README.md` ("What the figures mean") and its reference reader
 //! `trace_summary.py`, which the test suite compares against file by file:
 //!
-//! * every `alloc` entry is an [`Event::Alloc`] with a fresh id; a `free_completed` of that address
-//!   is its [`Event::Free`] (`free_requested` only marks a free as pending, as in `trace_summary`);
-//! * blocks live when recording began become [`InitialBlock`]s: the dump-time `segments` list gives
+//! * every `alloc` entry is an [`Event::Alloc`](crate::Event::Alloc) with a fresh id; a `free_completed` of that address
+//!   is its [`Event::Free`](crate::Event::Free) (`free_requested` only marks a free as pending, as in `trace_summary`);
+//! * blocks live when recording began become [`InitialBlock`](crate::InitialBlock)s: the dump-time `segments` list gives
 //!   the blocks live at the end, and undoing the trace backwards (an `alloc` removes its address,
 //!   a `free_completed` adds it back with the size it records), as memory_viz does, gives those
 //!   live at the start; a `free_completed` of an address that is neither live in the trace nor
 //!   such a block is skipped and counted in [`Trace::skipped_frees`];
 //! * an allocation at an address that is still live leaves the older block live for good, as
 //!   `trace_summary`'s peak-live figure does (no real snapshot has one);
-//! * [`Recorded::peak_reserved_bytes`] is PyTorch's reserved memory rebuilt from segment events,
+//! * [`Recorded::peak_reserved_bytes`](crate::Recorded::peak_reserved_bytes) is PyTorch's reserved memory rebuilt from segment events,
 //!   anchored at the dump (reserved at start = reserved at dump − net change in the trace) and
 //!   taken from the first `alloc` on (`trace_summary`'s `peak_reserved`); without a dump-time
 //!   segments list the anchor is 0;
@@ -35,7 +35,7 @@
 //!    entry and that `alloc` both carry frames, equal frames mean a retry and different frames an
 //!    `empty_cache()`; when either has no frames, the run counts as a retry if the `alloc` lies in
 //!    the segment just reserved (a call that needed new memory), else as `empty_cache()`;
-//! 3. anything else: `empty_cache()`, emitted as [`Event::EmptyCache`] where the run starts.
+//! 3. anything else: `empty_cache()`, emitted as [`Event::EmptyCache`](crate::Event::EmptyCache) where the run starts.
 //!
 //! Without frames an explicit `empty_cache()` directly followed by an allocation that needs a new
 //! segment is taken for a retry; a replayed allocator that needs the memory releases its own
@@ -98,7 +98,7 @@ pub struct SegmentAllocAt {
 /// Runs of consecutive `segment_free`/`segment_unmap` entries, by kind (Note [Release runs]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct ReleaseRuns {
-    /// Runs taken for an explicit `empty_cache()` (each is one [`Event::EmptyCache`]).
+    /// Runs taken for an explicit `empty_cache()` (each is one [`Event::EmptyCache`](crate::Event::EmptyCache)).
     pub empty_cache: u64,
     /// Runs taken for `malloc`'s release-and-retry that succeeded.
     pub alloc_retry: u64,
