@@ -39,7 +39,6 @@ pub mod config;
 pub mod expandable;
 pub mod snapshot;
 pub mod stats;
-pub mod trace;
 
 pub use allocator::{Allocation, Allocator};
 pub use backend::StreamId;

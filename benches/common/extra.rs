@@ -1,16 +1,17 @@
 //! Side outputs of the benches: what criterion does not record (OOM counts, peak memory, driver
 //! calls, why a part was skipped), written as JSON to `<target>/bench-extra/<bench>.json`, where
-//! `examples/bench_report.rs` reads them next to criterion's estimates to write BENCHMARKS.md.
+//! `replay/examples/bench_report` reads them next to criterion's estimates to write BENCHMARKS.md.
+//! Included by the benches of both crates (the library's here, the replay crate's by path).
 //!
-//! `<target>` is `$CARGO_TARGET_DIR`, else `target` (cargo runs a bench in the package root),
-//! the same rule criterion uses for `<target>/criterion`. The JSON is written by hand: the
-//! benches cannot rely on serde_json, an optional dependency of the `cli` feature.
+//! `<target>` is `$CARGO_TARGET_DIR`, else the workspace's `target` (the folder holding
+//! `Cargo.lock` above the bench's package), where criterion writes `<target>/criterion`. The
+//! JSON is written by hand: the library's benches have no serde_json.
 
 // Each bench includes this file and uses a different part of it.
 #![allow(dead_code)]
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// A JSON value.
 pub enum Json {
@@ -114,7 +115,15 @@ impl From<String> for Json {
 pub fn dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target"))
+        .unwrap_or_else(|| {
+            // The package root, or the workspace root above it (one level for replay/).
+            let package = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let root = package
+                .ancestors()
+                .find(|d| d.join("Cargo.lock").is_file())
+                .unwrap_or(package);
+            root.join("target")
+        })
         .join("bench-extra")
 }
 

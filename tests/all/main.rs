@@ -6,4 +6,3 @@ mod expandable_behaviour;
 mod expandable_regressions;
 mod model;
 mod pytorch_parity;
-mod replay;

@@ -1,8 +1,9 @@
 //! Hostile input: what a careless or malicious caller sends to every public entry point, beyond
 //! what the other suites already send (`tests/all` models: foreign, interior and freed pointers,
 //! sizes 0 and `usize::MAX`; `tests/all/pytorch_parity.rs`: PyTorch's config errors;
-//! `tests/conformance`: backend rule breaking; `tests/traces/pickle_hostile.rs`,
-//! `tests/trace_formats/`, `tests/cli/bad_input.rs`: hostile trace files).
+//! `tests/conformance`: backend rule breaking; hostile trace files are the replay crate's:
+//! `replay/tests/traces/pickle_hostile.rs`, `replay/tests/trace_formats/`,
+//! `replay/tests/cli/bad_input.rs`).
 //!
 //! Every case asserts a clear error value whose message names the problem, no panic, no state
 //! change (statistics, backend call counts and snapshot equal before and after), and, for input
@@ -11,7 +12,6 @@
 
 mod allocators;
 mod configs;
-mod traces;
 
 use vmm_alloc::backend::{SimBackend, SimConfig};
 use vmm_alloc::classic::ClassicAllocator;

@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use vmm_alloc::trace::dump::pickle_writer::dumps;
-use vmm_alloc::trace::native::write_native;
-use vmm_alloc::trace::pickle::Value;
-use vmm_alloc::trace::replay::{replay, Policy, ReplayOptions};
-use vmm_alloc::trace::snapshot::read_snapshot;
-use vmm_alloc::trace::{workloads, Event, Trace};
+use vmm_replay::dump::pickle_writer::dumps;
+use vmm_replay::native::write_native;
+use vmm_replay::pickle::Value;
+use vmm_replay::replay::{replay, Policy, ReplayOptions};
+use vmm_replay::snapshot::read_snapshot;
+use vmm_replay::{workloads, Event, Trace};
 
 /// Recorded snapshots larger than this are left out: a mutated input is read whole many times a
 /// second, and the small ones have every kind of entry the large ones have.

@@ -13,13 +13,13 @@ mod mutate;
 use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
-use vmm_alloc::trace::dump::pickle_writer::dumps;
-use vmm_alloc::trace::native::{read_native, write_native};
-use vmm_alloc::trace::pickle::{parse, Value};
-use vmm_alloc::trace::replay::{replay, Policy, ReplayOptions};
-use vmm_alloc::trace::rmm_csv::read_rmm_csv;
-use vmm_alloc::trace::snapshot::{analyse_snapshot, read_snapshot};
-use vmm_alloc::trace::Trace;
+use vmm_replay::dump::pickle_writer::dumps;
+use vmm_replay::native::{read_native, write_native};
+use vmm_replay::pickle::{parse, Value};
+use vmm_replay::replay::{replay, Policy, ReplayOptions};
+use vmm_replay::rmm_csv::read_rmm_csv;
+use vmm_replay::snapshot::{analyse_snapshot, read_snapshot};
+use vmm_replay::Trace;
 
 use crate::heap::{capped, BlackBox};
 use crate::runner::{shorten, Campaign, Tally};

@@ -1,0 +1,417 @@
+//! GPU benchmarks (issue 7, benchmark 6): benchmarks 1–4 on the Cuda backend, against the
+//! allocation calls a Rust user would otherwise make, and the raw driver loop as the floor for
+//! growth. Without a CUDA driver or device (or built without the `cuda` feature) it prints one
+//! line, `gpu benches SKIPPED: <reason>`, and exits successfully, so `cargo bench` still runs
+//! every other bench.
+//!
+//! Groups (device 0, one process, everything on `CudaBackend`):
+//! * `gpu_hot_path/<allocator>/<size>/live<count>`: a cached allocate + deallocate pair, as
+//!   `hot_path.rs` (same sizes, same fragmented background, live 0 and 1,000), for expandable,
+//!   classic and pytorch-expandable; and the baselines at the same sizes (`live0`: they hold
+//!   nothing else): `cudarc-alloc` (`CudaStream::alloc` on the default stream and drop: cudarc's
+//!   `cuMemAllocAsync` + `cuMemFreeAsync`, with its default event tracking), `cuMemAllocAsync`
+//!   (the same driver calls without cudarc's events) and `cuMemAlloc` (`cuMemAlloc` +
+//!   `cuMemFree`). The stream-ordered baselines synchronize after each batch, untimed.
+//! * `gpu_growth/<N>GiB/<case>`: `growth.rs`'s cases on Cuda (1 GiB and 8 GiB; a target with less
+//!   than target + 1 GiB free is skipped with a line saying so), the raw loop being
+//!   cuMemCreate + cuMemMap + cuMemSetAccess per page through the backend, no allocator.
+//! * `gpu_churn/<allocator>/max<M>MiB/ops10000`: `churn.rs`'s RMM shape on a 16 GiB budget
+//!   (`per_process_memory_fraction` = 16 GiB / device memory); 10,000 operations only.
+//! * `gpu_replay/<allocator>/<trace>`: `replay.rs`'s traces on the whole device, throughput in
+//!   events (one element per event).
+//!
+//! `vmm_replay::replay::replay` drives a Sim only, so churn and replay here use `cuda::replay_on`, the
+//! same loop on any allocator: a fresh allocator per run (building and dropping it are timed, as on
+//! Sim), `held_bytes()` read after every event for the peak (as on Sim), OOMs counted and skipped.
+//! Each trace stream is a cudarc stream registered with the backend (stream 0 the legacy one).
+//! What each run needed (OOMs, peaks), the device and the skipped parts go to
+//! `<target>/bench-extra/gpu.json`; the skip reason alone when skipped.
+
+// The library's bench helpers (benches/common/): one copy for both crates.
+#[path = "../../benches/common/extra.rs"]
+mod extra;
+
+use extra::Json;
+
+/// Prints the skip line and records it for the report.
+fn skip(why: &str) {
+    println!("gpu benches SKIPPED: {why}");
+    extra::write("gpu", &Json::obj([("skipped", why.into())]));
+}
+
+#[cfg(not(feature = "cuda"))]
+fn main() {
+    skip("built without the `cuda` feature");
+}
+
+#[cfg(feature = "cuda")]
+fn main() {
+    let backend = match cuda::open() {
+        Ok(b) => b,
+        Err(why) => return skip(&why),
+    };
+    let mut c = criterion::Criterion::default().configure_from_args();
+    cuda::run(&mut c, &backend);
+    c.final_summary();
+}
+
+#[cfg(feature = "cuda")]
+#[path = "../../benches/common/growth.rs"]
+mod growth;
+#[cfg(feature = "cuda")]
+#[path = "../../benches/common/hot.rs"]
+mod hot;
+#[cfg(feature = "cuda")]
+#[path = "common/shared_trace.rs"]
+mod shared_trace;
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use std::collections::HashMap;
+    use std::hint::black_box;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use criterion::measurement::WallTime;
+    use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
+    use cudarc::driver::{result, sys, CudaContext, CudaStream};
+    use vmm_alloc::backend::Backend;
+    use vmm_alloc::config::{AllocConf, Config};
+    use vmm_alloc::{
+        AllocError, Allocation, Allocator, ClassicAllocator, CudaBackend, ExpandableAllocator,
+        StreamId,
+    };
+    use vmm_replay::replay::Policy;
+    use vmm_replay::{workloads, Event, Trace};
+
+    use crate::extra::{self, Json, Needed};
+    use crate::growth::{GIB, MIB, TARGETS};
+    use crate::{growth, hot, shared_trace};
+
+    /// Live counts of the hot path (100,000 is left to the Sim bench: the pair never reaches the
+    /// driver, so the bookkeeping's scaling is measured there).
+    const LIVE: [usize; 2] = [0, 1_000];
+    /// The churn device of `churn.rs`.
+    const CHURN_BUDGET: usize = 16 * GIB;
+    /// `churn.rs`'s seed.
+    const SEED: u64 = 1;
+    const POLICIES: [Policy; 3] = [
+        Policy::Expandable,
+        Policy::Classic,
+        Policy::PytorchExpandable,
+    ];
+
+    /// Device 0, or why not.
+    pub fn open() -> Result<CudaBackend, String> {
+        if !CudaBackend::driver_present() {
+            return Err("no CUDA driver on this machine (libcuda not found)".into());
+        }
+        CudaBackend::new(0).map_err(|e| e.to_string())
+    }
+
+    pub fn run(c: &mut Criterion, backend: &CudaBackend) {
+        let ctx = backend.context().clone();
+        let device = ctx.name().unwrap_or_else(|e| format!("unknown ({e})"));
+        let total = backend.mem_info().expect("cuMemGetInfo").total;
+        println!(
+            "gpu benches on {device}, {:.1} GiB",
+            total as f64 / GIB as f64
+        );
+        let head = || {
+            [
+                ("skipped", Json::Null),
+                ("device", device.clone().into()),
+                ("total_bytes", total.into()),
+            ]
+        };
+        // Written now too, so a run cut short still names the device.
+        extra::write("gpu", &Json::obj(head()));
+        let hot = hot_path(c, backend, &ctx);
+        let growth = growth_all(c, backend);
+        let churn = churn(c, backend, total);
+        let replay = replay(c, backend);
+        let mut fields = Vec::from(head());
+        fields.extend([
+            ("hot_path", hot),
+            ("growth", growth),
+            ("churn", churn),
+            ("replay", replay),
+        ]);
+        extra::write("gpu", &Json::obj(fields));
+    }
+
+    fn hot_path(c: &mut Criterion, backend: &CudaBackend, ctx: &Arc<CudaContext>) -> Json {
+        let mut group = c.benchmark_group("gpu_hot_path");
+        group
+            .sample_size(20)
+            .warm_up_time(Duration::from_millis(300))
+            .measurement_time(Duration::from_secs(1));
+        let mut notes = Vec::new();
+        for live in LIVE {
+            notes.extend(hot::measure_all(&mut group, live, || backend.clone()));
+        }
+        baselines(&mut group, ctx);
+        group.finish();
+        hot::driver_notes(notes)
+    }
+
+    /// The allocation calls a Rust user would otherwise make, one pair per iteration.
+    fn baselines(group: &mut BenchmarkGroup<'_, WallTime>, ctx: &Arc<CudaContext>) {
+        ctx.bind_to_thread().expect("bind the context");
+        let stream = ctx.default_stream();
+        let pools = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+            .unwrap_or(0)
+            > 0;
+        if !pools {
+            println!("gpu_hot_path: cuMemAllocAsync SKIPPED (the device has no memory pools)");
+        }
+        for (size, label) in hot::SIZES {
+            let case = hot::case(label, 0);
+            group.bench_function(BenchmarkId::new("cudarc-alloc", &case), |b| {
+                b.iter_custom(|iters| {
+                    stream_ordered(&stream, iters, || {
+                        // SAFETY: `alloc` leaves the memory uninitialized; it is never read,
+                        // only freed when the slice drops.
+                        let slice = unsafe { stream.alloc::<u8>(black_box(size)) }
+                            .expect("CudaStream::alloc");
+                        drop(black_box(slice));
+                    })
+                })
+            });
+            if pools {
+                let raw = stream.cu_stream();
+                group.bench_function(BenchmarkId::new("cuMemAllocAsync", &case), |b| {
+                    b.iter_custom(|iters| {
+                        stream_ordered(&stream, iters, || {
+                            // SAFETY: `raw` is a live stream of the bound context; the pointer
+                            // is never used and is freed once, on the stream it came from.
+                            unsafe {
+                                let p = result::malloc_async(raw, black_box(size))
+                                    .expect("cuMemAllocAsync");
+                                result::free_async(black_box(p), raw).expect("cuMemFreeAsync");
+                            }
+                        })
+                    })
+                });
+            }
+            group.bench_function(BenchmarkId::new("cuMemAlloc", &case), |b| {
+                b.iter(|| {
+                    // SAFETY: the pointer comes from `cuMemAlloc`, is never used and is freed
+                    // once.
+                    unsafe {
+                        let p = result::malloc_sync(black_box(size)).expect("cuMemAlloc");
+                        result::free_sync(black_box(p)).expect("cuMemFree");
+                    }
+                })
+            });
+        }
+        ctx.check_err()
+            .expect("cudarc recorded an error while freeing");
+    }
+
+    /// Runs `pair` `iters` times and returns the time; the stream is synchronized after, untimed,
+    /// so the batch's frees have completed before the next one.
+    fn stream_ordered(stream: &CudaStream, iters: u64, pair: impl Fn()) -> Duration {
+        let t = Instant::now();
+        for _ in 0..iters {
+            pair();
+        }
+        let took = t.elapsed();
+        stream.synchronize().expect("synchronize");
+        took
+    }
+
+    fn growth_all(c: &mut Criterion, backend: &CudaBackend) -> Json {
+        let new = || CudaBackend::new(0).expect("cuda backend");
+        let mut counted = Vec::new();
+        let mut skipped = Vec::new();
+        for target in TARGETS {
+            let free = backend.mem_info().expect("cuMemGetInfo").free;
+            if free < target + GIB {
+                let why = format!(
+                    "growth to {} GiB SKIPPED: {:.1} GiB free",
+                    target / GIB,
+                    free as f64 / GIB as f64
+                );
+                println!("gpu_{why}");
+                skipped.push(Json::from(why));
+                continue;
+            }
+            counted.push(growth::call_counts(target, &new));
+            growth::bench_target(c, "gpu_growth", target, &new);
+        }
+        Json::obj([
+            ("targets", Json::Arr(counted)),
+            ("skipped", Json::Arr(skipped)),
+        ])
+    }
+
+    /// One allocator of `policy` on `backend`, holding at most `fraction` of the device, with the
+    /// trace's `PYTORCH_CUDA_ALLOC_CONF` applied as `vmm_replay::replay::replay` does.
+    fn make(
+        policy: Policy,
+        backend: &CudaBackend,
+        conf: Option<&str>,
+        fraction: f64,
+    ) -> Box<dyn Allocator> {
+        match policy.config(conf) {
+            Some(config) => {
+                let config = Config {
+                    memory_fraction: config.memory_fraction.min(fraction),
+                    ..config
+                };
+                Box::new(ExpandableAllocator::new(backend.clone(), config).expect("expandable"))
+            }
+            None => {
+                let base = Policy::alloc_conf(conf);
+                let conf = AllocConf {
+                    per_process_memory_fraction: base.per_process_memory_fraction.min(fraction),
+                    ..base
+                };
+                Box::new(ClassicAllocator::new(backend.clone(), conf).expect("classic"))
+            }
+        }
+    }
+
+    /// Replays `trace` through a fresh allocator of `policy`, as `vmm_replay::replay::replay` does on
+    /// Sim: initial blocks, then the events; an allocation that fails out of memory is counted
+    /// and its free skipped; the program's `empty_cache()` calls are replayed; `held_bytes()` is
+    /// read after every event for the peak reserved (mapped pages plus cached handles).
+    fn replay_on(
+        trace: &Trace,
+        policy: Policy,
+        backend: &CudaBackend,
+        streams: &HashMap<u64, StreamId>,
+        fraction: f64,
+    ) -> Needed {
+        let alloc = make(policy, backend, trace.alloc_conf.as_deref(), fraction);
+        let alloc = &*alloc;
+        let mut live: HashMap<u64, (Allocation, u64)> = HashMap::new();
+        let mut n = Needed {
+            events: 0,
+            ooms: 0,
+            peak_live: 0,
+            peak_reserved: 0,
+        };
+        let mut live_bytes = 0;
+        let initial = trace.initial.iter().map(|b| Event::Alloc {
+            id: b.id,
+            size: b.size,
+            stream: b.stream,
+        });
+        for e in initial.chain(trace.events.iter().copied()) {
+            match e {
+                Event::Alloc { id, size, stream } => {
+                    let bytes = usize::try_from(size).unwrap_or(usize::MAX);
+                    match alloc.allocate(bytes, streams[&stream]) {
+                        Ok(a) => {
+                            live_bytes += size;
+                            n.peak_live = n.peak_live.max(live_bytes);
+                            if let Some((old, old_size)) = live.insert(id, (a, size)) {
+                                live_bytes -= old_size;
+                                alloc.deallocate(old).expect("deallocate");
+                            }
+                        }
+                        Err(e)
+                            if e.is_out_of_memory() || matches!(e, AllocError::TooLarge { .. }) =>
+                        {
+                            n.ooms += 1
+                        }
+                        Err(e) => panic!("allocate: {e}"),
+                    }
+                }
+                Event::Free { id } => {
+                    if let Some((a, size)) = live.remove(&id) {
+                        live_bytes -= size;
+                        alloc.deallocate(a).expect("deallocate");
+                    }
+                }
+                Event::EmptyCache => alloc.empty_cache().expect("empty_cache"),
+            }
+            n.peak_reserved = n.peak_reserved.max(alloc.held_bytes());
+            n.events += 1;
+        }
+        // What is still live stays so, as on Sim: dropping the allocator gives everything back.
+        drop(live);
+        n
+    }
+
+    /// A registered cudarc stream for every stream the trace names (0: the legacy stream).
+    fn streams_of(trace: &Trace, backend: &CudaBackend) -> HashMap<u64, StreamId> {
+        let mut streams = HashMap::from([(0, StreamId::DEFAULT)]);
+        let named = trace.initial.iter().map(|b| b.stream);
+        let named = named.chain(trace.events.iter().filter_map(|e| match e {
+            Event::Alloc { stream, .. } => Some(*stream),
+            _ => None,
+        }));
+        for s in named {
+            streams.entry(s).or_insert_with(|| {
+                let cu = backend.context().new_stream().expect("cuStreamCreate");
+                backend.register_stream(&cu).expect("register_stream")
+            });
+        }
+        streams
+    }
+
+    fn churn(c: &mut Criterion, backend: &CudaBackend, total: usize) -> Json {
+        let fraction = (CHURN_BUDGET as f64 / total as f64).min(1.0);
+        let mut group = c.benchmark_group("gpu_churn");
+        // A run is tens of milliseconds to seconds on a device: flat sampling, ten runs.
+        group
+            .sampling_mode(SamplingMode::Flat)
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(2));
+        let mut runs = Vec::new();
+        for max_mib in [1, 64, 256] {
+            let ops = 10_000;
+            let trace = workloads::rmm_random(SEED, max_mib * MIB as u64, ops);
+            let streams = streams_of(&trace, backend);
+            let case = format!("max{max_mib}MiB/ops{ops}");
+            for policy in POLICIES {
+                let run = || replay_on(&trace, policy, backend, &streams, fraction);
+                runs.push(run().report("gpu_churn", policy.name(), &case));
+                group.bench_function(BenchmarkId::new(policy.name(), &case), |b| b.iter(&run));
+            }
+        }
+        group.finish();
+        Json::obj([
+            ("capacity_bytes", ((total as f64 * fraction) as u64).into()),
+            ("runs", Json::Arr(runs)),
+        ])
+    }
+
+    fn replay(c: &mut Criterion, backend: &CudaBackend) -> Json {
+        let mut traces = vec![workloads::transformer_training(1)];
+        let mut skipped = Json::Null;
+        match shared_trace::largest() {
+            Ok(t) => traces.push(t),
+            Err(why) => {
+                println!("gpu_replay: SKIPPED the shared trace ({why})");
+                skipped = why.into();
+            }
+        }
+        let mut group = c.benchmark_group("gpu_replay");
+        group
+            .sampling_mode(SamplingMode::Flat)
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(3));
+        let mut runs = Vec::new();
+        for trace in &traces {
+            let events = (trace.initial.len() + trace.events.len()) as u64;
+            let streams = streams_of(trace, backend);
+            group.throughput(Throughput::Elements(events));
+            for policy in POLICIES {
+                let run = || replay_on(trace, policy, backend, &streams, 1.0);
+                runs.push(run().report("gpu_replay", policy.name(), &trace.name));
+                group.bench_function(BenchmarkId::new(policy.name(), &trace.name), |b| {
+                    b.iter(&run)
+                });
+            }
+        }
+        group.finish();
+        Json::obj([("runs", Json::Arr(runs)), ("shared_trace_skipped", skipped)])
+    }
+}

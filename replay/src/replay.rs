@@ -1,0 +1,399 @@
+//! The replay engine: drives an allocator over a [`Trace`] on the Sim backend (exact, no GPU)
+//! and measures what it needed.
+
+use rustc_hash::FxHashMap;
+use std::time::Instant;
+
+use crate::dump::recorder::Recorder;
+use crate::dump::SnapshotDump;
+use crate::{Event, Trace};
+use vmm_alloc::backend::{CallCounts, SimBackend, SimConfig};
+use vmm_alloc::config::{parse_alloc_conf, AllocConf, Config};
+use vmm_alloc::error::AllocError;
+use vmm_alloc::{Allocation, Allocator, ClassicAllocator, ExpandableAllocator, StreamId};
+
+/// An allocator policy the replay tool compares.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Policy {
+    /// PyTorch's classic caching allocator ([`ClassicAllocator`]), configured by the trace's
+    /// `PYTORCH_CUDA_ALLOC_CONF`.
+    Classic,
+    /// PyTorch's expandable segments, faithfully ([`Config::pytorch_expandable`]).
+    PytorchExpandable,
+    /// Ours, with its defaults ([`Config::default`]).
+    Expandable,
+}
+
+impl Policy {
+    /// Every policy, in the order reports list them.
+    pub const ALL: [Policy; 3] = [
+        Policy::Classic,
+        Policy::PytorchExpandable,
+        Policy::Expandable,
+    ];
+
+    /// The expandable-segments policies: PyTorch's and ours.
+    pub const EXPANDABLE: [Policy; 2] = [Policy::PytorchExpandable, Policy::Expandable];
+
+    /// The name reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Classic => "classic",
+            Policy::PytorchExpandable => "pytorch-expandable",
+            Policy::Expandable => "expandable",
+        }
+    }
+
+    /// Looks a policy up by its name.
+    pub fn from_name(name: &str) -> Option<Policy> {
+        Policy::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// An expandable policy's configuration, with the traced program's `PYTORCH_CUDA_ALLOC_CONF`
+    /// applied when it parses (rounding, memory fraction, `max_split_size`); `None` for
+    /// [`Policy::Classic`], which takes [`Policy::alloc_conf`] instead.
+    pub fn config(self, alloc_conf: Option<&str>) -> Option<Config> {
+        let base = match self {
+            Policy::Classic => return None,
+            Policy::PytorchExpandable => Config::pytorch_expandable(),
+            Policy::Expandable => Config::default(),
+        };
+        Some(match alloc_conf {
+            Some(conf) => base.clone().with_alloc_conf(conf).unwrap_or(base),
+            None => base,
+        })
+    }
+
+    /// The classic allocator's configuration: the traced program's `PYTORCH_CUDA_ALLOC_CONF` when
+    /// it parses, else PyTorch's defaults.
+    pub fn alloc_conf(alloc_conf: Option<&str>) -> AllocConf {
+        alloc_conf
+            .and_then(|c| parse_alloc_conf(c).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// How to replay.
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    /// Physical memory of the simulated device. Default 80 GiB (an H100).
+    pub capacity: usize,
+    /// Replay the traced program's `empty_cache()` calls. Default true.
+    pub replay_empty_cache: bool,
+    /// Points of the live/reserved timeline kept (each the maximum over its stretch of events).
+    pub timeline_points: usize,
+    /// Apply the trace's recorded `PYTORCH_CUDA_ALLOC_CONF`. Default true.
+    pub use_trace_settings: bool,
+    /// Record the allocator's history and final state in [`ReplayOutcome::history`], to write as
+    /// a PyTorch memory snapshot. Default false: a replay that records nothing pays nothing.
+    pub record_history: bool,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        Self {
+            capacity: 80 << 30,
+            replay_empty_cache: true,
+            timeline_points: 1000,
+            use_trace_settings: true,
+            record_history: false,
+        }
+    }
+}
+
+/// One point of the timeline: the maxima over a stretch of events.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TimelinePoint {
+    /// Index of the last event of the stretch.
+    pub event: u64,
+    /// Live requested bytes.
+    pub live: u64,
+    /// Physical bytes held by the allocator (mapped pages plus cached handles).
+    pub reserved: u64,
+}
+
+/// What one allocator needed for one trace.
+#[derive(Clone, Debug)]
+pub struct ReplayOutcome {
+    /// The policy's name.
+    pub allocator: &'static str,
+    /// The simulated device's capacity.
+    pub capacity_bytes: u64,
+    /// Peak of live requested bytes (what the program needed at least).
+    pub peak_live_bytes: u64,
+    /// Peak physical memory held: mapped pages plus cached handles.
+    pub peak_reserved_bytes: u64,
+    /// `peak_live_bytes / peak_reserved_bytes`.
+    pub utilization: f64,
+    /// Allocations that failed with out-of-memory (skipped; their frees too).
+    pub ooms: u64,
+    /// Backend calls the allocator made, all kinds.
+    pub driver_calls: u64,
+    /// The same by kind (`cuMemCreate`, `cuMemMap`, `cuStreamSynchronize`, ...).
+    pub calls: CallCounts,
+    /// Bytes of physical handles created (PyTorch's policy re-creates under pressure).
+    pub bytes_created: u64,
+    /// Events replayed (initial blocks included).
+    pub events: u64,
+    /// Wall time of the replay.
+    pub seconds: f64,
+    /// `events / seconds`.
+    pub events_per_second: f64,
+    /// Live and reserved bytes over the trace.
+    pub timeline: Vec<TimelinePoint>,
+    /// The history and final state, when [`ReplayOptions::record_history`] was set.
+    pub history: Option<SnapshotDump>,
+}
+
+/// How many events pass between two calls of a replay's progress callback.
+pub const PROGRESS_EVERY: u64 = 1 << 16;
+
+/// Replays `trace` through `policy` on a fresh Sim device.
+pub fn replay(
+    trace: &Trace,
+    policy: Policy,
+    opts: &ReplayOptions,
+) -> Result<ReplayOutcome, AllocError> {
+    replay_with_progress(trace, policy, opts, &mut |_| {})
+}
+
+/// [`replay`], calling `progress` with the number of events replayed so far every
+/// [`PROGRESS_EVERY`] events and once at the end (for a progress bar).
+pub fn replay_with_progress(
+    trace: &Trace,
+    policy: Policy,
+    opts: &ReplayOptions,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ReplayOutcome, AllocError> {
+    let capacity = opts.capacity.next_multiple_of(2 << 20);
+    let sim = SimBackend::with_config(SimConfig {
+        capacity,
+        ..SimConfig::default()
+    })?;
+    let conf = opts
+        .use_trace_settings
+        .then_some(trace.alloc_conf.as_deref())
+        .flatten();
+    let Some(config) = policy.config(conf) else {
+        let alloc = ClassicAllocator::new(sim, Policy::alloc_conf(conf))?;
+        // Dumping a classic replay as a snapshot is not supported yet: no history.
+        return drive(trace, policy, opts, capacity, &alloc, None, progress);
+    };
+    let alloc = ExpandableAllocator::new(sim, config.clone())?;
+    let history = opts.record_history.then(|| {
+        // The string was applied only if it parsed (see `Policy::config`).
+        let applied = conf.filter(|c| parse_alloc_conf(c).is_ok());
+        Recorder::new(&alloc, capacity as u64, config, applied.map(str::to_string))
+    });
+    drive(trace, policy, opts, capacity, &alloc, history, progress)
+}
+
+/// Replays `trace` through `alloc` and measures it.
+fn drive<A: Allocator>(
+    trace: &Trace,
+    policy: Policy,
+    opts: &ReplayOptions,
+    capacity: usize,
+    alloc: &A,
+    history: Option<Recorder>,
+    progress: &mut dyn FnMut(u64),
+) -> Result<ReplayOutcome, AllocError> {
+    let total = (trace.initial.len() + trace.events.len()) as u64;
+    let stride = (total / opts.timeline_points.max(1) as u64).max(1);
+    let mut run = Run {
+        alloc,
+        live: FxHashMap::default(),
+        live_bytes: 0,
+        peak_live: 0,
+        peak_reserved: 0,
+        ooms: 0,
+        timeline: Vec::new(),
+        bucket: TimelinePoint {
+            event: 0,
+            live: 0,
+            reserved: 0,
+        },
+        stride,
+        index: 0,
+        history,
+    };
+    let start = Instant::now();
+    for b in &trace.initial {
+        run.alloc(b.id, b.size, b.stream)?;
+    }
+    for (i, e) in trace.events.iter().enumerate() {
+        if i as u64 % PROGRESS_EVERY == PROGRESS_EVERY - 1 {
+            progress(trace.initial.len() as u64 + i as u64);
+        }
+        match *e {
+            Event::Alloc { id, size, stream } => run.alloc(id, size, stream)?,
+            Event::Free { id } => run.free(id)?,
+            Event::EmptyCache if opts.replay_empty_cache => {
+                alloc.empty_cache()?;
+                run.tick();
+            }
+            Event::EmptyCache => run.tick(),
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    progress(total);
+    if run.bucket.event > 0 || run.timeline.is_empty() {
+        run.timeline.push(run.bucket);
+    }
+    let stats = alloc.stats();
+    let history = run.history.take().map(|h| h.finish(alloc));
+    let (peak_live, peak_reserved, ooms, timeline) =
+        (run.peak_live, run.peak_reserved, run.ooms, run.timeline);
+    Ok(ReplayOutcome {
+        allocator: policy.name(),
+        capacity_bytes: capacity as u64,
+        peak_live_bytes: peak_live,
+        peak_reserved_bytes: peak_reserved,
+        utilization: if peak_reserved == 0 {
+            0.0
+        } else {
+            peak_live as f64 / peak_reserved as f64
+        },
+        ooms,
+        driver_calls: stats.calls.total(),
+        calls: stats.calls,
+        bytes_created: stats.bytes_created,
+        events: total,
+        seconds,
+        events_per_second: if seconds > 0.0 {
+            total as f64 / seconds
+        } else {
+            0.0
+        },
+        timeline,
+        history,
+    })
+}
+
+/// The smallest capacity (a multiple of `step`) with which `trace` replays through `policy` with
+/// no OOM, found by bisection between the peak live bytes and `upper`; `None` if even `upper`
+/// is not enough. Also returns the outcome of the run at that capacity (without history: the
+/// bisection's runs record none).
+pub fn min_capacity(
+    trace: &Trace,
+    policy: Policy,
+    opts: &ReplayOptions,
+    upper: usize,
+    step: usize,
+) -> Result<Option<(usize, ReplayOutcome)>, AllocError> {
+    let step = step.max(1);
+    let at = |capacity: usize| {
+        replay(
+            trace,
+            policy,
+            &ReplayOptions {
+                capacity,
+                timeline_points: 1,
+                record_history: false,
+                ..opts.clone()
+            },
+        )
+    };
+    let mut hi = upper.next_multiple_of(step);
+    let Ok(mut best) = at(hi) else {
+        return Ok(None);
+    };
+    if best.ooms > 0 {
+        return Ok(None);
+    }
+    // The largest multiple of `step` below the peak live bytes: nothing fits there.
+    let mut lo = (trace.peak_live_bytes() as usize).saturating_sub(1) / step * step;
+    while hi - lo > step {
+        let mid = (lo + (hi - lo) / 2) / step * step;
+        let mid = if mid <= lo { lo + step } else { mid };
+        let outcome = at(mid)?;
+        if outcome.ooms == 0 {
+            hi = mid;
+            best = outcome;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(Some((hi, best)))
+}
+
+struct Run<'a, A: Allocator> {
+    alloc: &'a A,
+    live: FxHashMap<u64, (Allocation, u64)>,
+    live_bytes: u64,
+    peak_live: u64,
+    peak_reserved: u64,
+    ooms: u64,
+    timeline: Vec<TimelinePoint>,
+    bucket: TimelinePoint,
+    stride: u64,
+    index: u64,
+    /// The history, when recorded.
+    history: Option<Recorder>,
+}
+
+impl<A: Allocator> Run<'_, A> {
+    fn alloc(&mut self, id: u64, size: u64, stream: u64) -> Result<(), AllocError> {
+        let size = usize::try_from(size).unwrap_or(usize::MAX);
+        match self.alloc.allocate(size, StreamId::sim(stream)) {
+            Ok(a) => {
+                self.live_bytes += size as u64;
+                self.peak_live = self.peak_live.max(self.live_bytes);
+                if let Some(h) = &mut self.history {
+                    h.alloc(&a);
+                }
+                // A reused id (a reader's bug) must not leak the earlier allocation.
+                if let Some((old, old_size)) = self.live.insert(id, (a, size as u64)) {
+                    self.live_bytes -= old_size;
+                    if let Some(h) = &mut self.history {
+                        h.free(&old);
+                    }
+                    self.alloc.deallocate(old)?;
+                }
+            }
+            Err(e) if e.is_out_of_memory() || matches!(e, AllocError::TooLarge { .. }) => {
+                self.ooms += 1;
+                if let Some(h) = &mut self.history {
+                    h.oom(&e, size as u64, stream, self.alloc);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+        self.tick();
+        Ok(())
+    }
+
+    fn free(&mut self, id: u64) -> Result<(), AllocError> {
+        // Frees of allocations that failed are skipped, as the program would not have made them.
+        if let Some((a, size)) = self.live.remove(&id) {
+            self.live_bytes -= size;
+            if let Some(h) = &mut self.history {
+                h.free(&a);
+            }
+            self.alloc.deallocate(a)?;
+        }
+        self.tick();
+        Ok(())
+    }
+
+    /// Ends one replayed event.
+    fn tick(&mut self) {
+        if let Some(h) = &mut self.history {
+            h.end_step(self.alloc, &self.alloc.stats());
+        }
+        let reserved = self.alloc.held_bytes();
+        self.peak_reserved = self.peak_reserved.max(reserved);
+        self.bucket.live = self.bucket.live.max(self.live_bytes);
+        self.bucket.reserved = self.bucket.reserved.max(reserved);
+        self.bucket.event = self.index;
+        self.index += 1;
+        if self.index.is_multiple_of(self.stride) {
+            self.timeline.push(self.bucket);
+            self.bucket = TimelinePoint {
+                event: self.index,
+                live: 0,
+                reserved: 0,
+            };
+        }
+    }
+}

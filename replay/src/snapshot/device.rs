@@ -1,0 +1,248 @@
+//! One device's trace entries turned into a [`Trace`]: the start state rebuilt from the dump,
+//! the events, the release runs classified, and the recorded allocator's own figures.
+
+use std::collections::HashMap;
+
+use super::dump_state::{dump_segments, dump_state, granules, RangeSet};
+use super::entries::{parse_entry, Action, Entry, Work};
+use super::release_runs::{classify_run, RunKind};
+use super::{DeviceTrace, ReleaseRuns, SegmentAllocAt};
+use crate::pickle::Value;
+use crate::start_segments::start_segments;
+use crate::{Event, InitialBlock, Recorded, StartState, Trace};
+use vmm_alloc::config::{parse_alloc_conf, round_size, ROUNDUP_INTERVALS};
+
+pub(super) fn device_trace(
+    dev: u64,
+    raw: &[Value],
+    segments: &[Value],
+    name: String,
+    alloc_conf: Option<String>,
+    work: &mut Work,
+) -> Result<DeviceTrace, String> {
+    let entries: Vec<Entry<'_>> = raw
+        .iter()
+        .enumerate()
+        .map(|(i, e)| parse_entry(i, e, work))
+        .collect::<Result<_, _>>()?;
+    let (dump_blocks, reserved_at_dump, has_segments) = dump_state(dev, segments, work)?;
+
+    // Blocks live at the start: undo the trace from the dump backwards.
+    let mut start = dump_blocks;
+    // Addresses the trace allocated or freed: a block there at the start is not the dump's.
+    let mut touched = std::collections::HashSet::new();
+    for e in entries.iter().rev() {
+        match e.action {
+            Action::Alloc => {
+                start.remove(&e.addr);
+                touched.insert(e.addr);
+            }
+            Action::FreeCompleted => {
+                start.insert(e.addr, (e.size, e.stream));
+                touched.insert(e.addr);
+            }
+            _ => {}
+        }
+    }
+    let mut start: Vec<(Option<i128>, (u64, u64))> = start.into_iter().collect();
+    start.sort_unstable_by_key(|&(addr, _)| addr);
+    let mut total: u64 = 0;
+    let mut add = |size: u64| -> Result<(), String> {
+        total = total
+            .checked_add(size)
+            .ok_or("sizes add up to more than 2^64 bytes")?;
+        Ok(())
+    };
+    let mut initial = Vec::with_capacity(start.len());
+    let mut initial_at: HashMap<Option<i128>, u64> = HashMap::new();
+    for (id, &(addr, (size, stream))) in start.iter().enumerate() {
+        add(size)?;
+        initial.push(InitialBlock {
+            id: id as u64,
+            size,
+            stream,
+        });
+        initial_at.insert(addr, id as u64);
+    }
+    let divisions = alloc_conf
+        .as_deref()
+        .and_then(|c| parse_alloc_conf(c).ok())
+        .map_or([0; ROUNDUP_INTERVALS], |c| c.roundup_power2_divisions);
+    let live_at_start: Vec<_> = start
+        .iter()
+        .enumerate()
+        .filter_map(|(id, &(addr, (size, _)))| {
+            Some((addr?, id as u64, size, !touched.contains(&addr)))
+        })
+        .collect();
+    let segment_events: Vec<_> = entries
+        .iter()
+        .filter_map(|e| match e.action {
+            Action::SegmentAlloc => Some((true, e.addr?, e.size, e.stream)),
+            Action::SegmentFree => Some((false, e.addr?, e.size, e.stream)),
+            _ => None,
+        })
+        .collect();
+    let start_segs = start_segments(
+        &dump_segments(dev, segments),
+        &segment_events,
+        &live_at_start,
+        |requested| round_size(requested as usize, &divisions).map_or(requested, |r| r as u64),
+    );
+
+    let mut next_id = initial.len() as u64;
+    let mut events = Vec::with_capacity(entries.len() / 2);
+    let mut live: HashMap<Option<i128>, u64> = HashMap::new();
+    let mut skipped_frees = 0;
+    let mut orphan_free_requests = 0u64;
+    let mut runs = ReleaseRuns::default();
+    let mut first_alloc: Option<usize> = None;
+    // Segment bookkeeping, as trace_summary: (entry index, change in reserved bytes).
+    let mut seg_series: Vec<(usize, i128)> = Vec::new();
+    let mut seg_live: HashMap<Option<i128>, u64> = HashMap::new();
+    let mut mapped = RangeSet::default();
+    let mut orphan_seg_releases = 0u64;
+    let (mut segment_allocs, mut segment_frees) = (0u64, 0u64);
+    let mut segment_alloc_log = Vec::new();
+    let mut retry_runs = Vec::new();
+    let mut allocs_seen = 0u64;
+
+    for (i, e) in entries.iter().enumerate() {
+        let run_starts =
+            e.is_release() && (i == 0 || !entries.get(i - 1).is_some_and(Entry::is_release));
+        if run_starts {
+            let mut end = i;
+            while entries.get(end + 1).is_some_and(Entry::is_release) {
+                end += 1;
+            }
+            match classify_run(&entries, end) {
+                RunKind::EmptyCache => {
+                    runs.empty_cache += 1;
+                    events.push(Event::EmptyCache);
+                }
+                RunKind::AllocRetry => {
+                    runs.alloc_retry += 1;
+                    retry_runs.push(allocs_seen);
+                }
+                RunKind::BeforeOom => runs.before_oom += 1,
+            }
+        }
+        let delta = i128::from(e.size);
+        let no_addr = || format!("entry {i}: {:?} without an address", e.action);
+        match e.action {
+            Action::Alloc => {
+                allocs_seen += 1;
+                first_alloc.get_or_insert(i);
+                add(e.size)?;
+                let id = next_id;
+                next_id += 1;
+                live.insert(e.addr, id);
+                events.push(Event::Alloc {
+                    id,
+                    size: e.size,
+                    stream: e.stream,
+                });
+            }
+            Action::FreeRequested => {
+                if !live.contains_key(&e.addr) {
+                    orphan_free_requests += 1;
+                }
+            }
+            Action::FreeCompleted => {
+                match live.remove(&e.addr).or_else(|| initial_at.remove(&e.addr)) {
+                    Some(id) => events.push(Event::Free { id }),
+                    None => skipped_frees += 1,
+                }
+            }
+            Action::SegmentAlloc | Action::SegmentMap => {
+                segment_allocs += 1;
+                seg_series.push((i, delta));
+                if e.action == Action::SegmentAlloc {
+                    segment_alloc_log.push(SegmentAllocAt {
+                        allocs_before: allocs_seen,
+                        size: e.size,
+                    });
+                    seg_live.insert(e.addr, e.size);
+                } else {
+                    let (lo, hi) = granules(e.addr.ok_or_else(no_addr)?, e.size);
+                    mapped.insert(lo, hi);
+                }
+            }
+            Action::SegmentFree | Action::SegmentUnmap => {
+                segment_frees += 1;
+                seg_series.push((i, -delta));
+                let known = if e.action == Action::SegmentFree {
+                    seg_live.remove(&e.addr).is_some()
+                } else {
+                    let (lo, hi) = granules(e.addr.ok_or_else(no_addr)?, e.size);
+                    let known = mapped.covers(lo, hi);
+                    if known {
+                        mapped.remove(lo, hi);
+                    }
+                    known
+                };
+                if !known {
+                    orphan_seg_releases += 1;
+                }
+            }
+            Action::Oom | Action::Other => {}
+        }
+    }
+
+    // Reserved bytes, anchored at the dump, peak from the first alloc on (trace_summary).
+    let net: i128 = seg_series.iter().map(|&(_, d)| d).sum();
+    let reserved_start = (has_segments || seg_series.is_empty()).then_some(reserved_at_dump - net);
+    let first = first_alloc.unwrap_or(entries.len());
+    let mut cur = reserved_start.unwrap_or(0);
+    let mut peak: Option<i128> = None;
+    for &(ix, d) in &seg_series {
+        if ix > first && peak.is_none() {
+            peak = Some(cur);
+        }
+        cur += d;
+        if ix > first {
+            peak = peak.map(|p| p.max(cur));
+        }
+    }
+    let peak_reserved = peak.unwrap_or(cur);
+    let recorded = (has_segments || !seg_series.is_empty()).then(|| Recorded {
+        peak_reserved_bytes: u64::try_from(peak_reserved.max(0)).unwrap_or(u64::MAX),
+        segment_allocs,
+        segment_frees,
+    });
+
+    let mut trace = Trace {
+        name,
+        initial,
+        events,
+        start: StartState::Warm,
+        skipped_frees,
+        recorded,
+        alloc_conf,
+    };
+    let baseline: u64 = trace.initial.iter().map(|b| b.size).sum();
+    let rs = reserved_start.unwrap_or(0);
+    trace.start = if trace.initial.is_empty()
+        && skipped_frees == 0
+        && orphan_free_requests == 0
+        && orphan_seg_releases == 0
+        && rs == 0
+    {
+        StartState::Empty
+    } else if orphan_seg_releases == 0
+        && (rs as f64) <= 0.02 * (peak_reserved.max(1) as f64)
+        && (baseline as f64) <= 0.02 * (trace.peak_live_bytes().max(1) as f64)
+    {
+        StartState::NearEmpty
+    } else {
+        StartState::Warm
+    };
+    Ok(DeviceTrace {
+        device: dev,
+        trace,
+        release_runs: runs,
+        segment_allocs: segment_alloc_log,
+        start_segments: start_segs,
+        retry_runs,
+    })
+}

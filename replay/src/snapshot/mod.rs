@@ -1,0 +1,214 @@
+//! PyTorch CUDA memory snapshots (`torch.cuda.memory._dump_snapshot` pickles) as [`Trace`]s, one
+//! per device that recorded trace entries.
+//!
+//! The figures follow `shared/traces/README.md` ("What the figures mean") and its reference reader
+//! `trace_summary.py`, which the test suite compares against file by file:
+//!
+//! * every `alloc` entry is an [`Event::Alloc`](crate::Event::Alloc) with a fresh id; a `free_completed` of that address
+//!   is its [`Event::Free`](crate::Event::Free) (`free_requested` only marks a free as pending, as in `trace_summary`);
+//! * blocks live when recording began become [`InitialBlock`](crate::InitialBlock)s: the dump-time `segments` list gives
+//!   the blocks live at the end, and undoing the trace backwards (an `alloc` removes its address,
+//!   a `free_completed` adds it back with the size it records), as memory_viz does, gives those
+//!   live at the start; a `free_completed` of an address that is neither live in the trace nor
+//!   such a block is skipped and counted in [`Trace::skipped_frees`];
+//! * an allocation at an address that is still live leaves the older block live for good, as
+//!   `trace_summary`'s peak-live figure does (no real snapshot has one);
+//! * [`Recorded::peak_reserved_bytes`](crate::Recorded::peak_reserved_bytes) is PyTorch's reserved memory rebuilt from segment events,
+//!   anchored at the dump (reserved at start = reserved at dump − net change in the trace) and
+//!   taken from the first `alloc` on (`trace_summary`'s `peak_reserved`); without a dump-time
+//!   segments list the anchor is 0;
+//! * the start state uses `trace_summary`'s rules: *empty* when nothing was live or reserved and
+//!   no segment release names a segment reserved before recording; *near-empty* when no such
+//!   release happened, reserved-at-start is at most 2 % of peak reserved and live-at-start at most
+//!   2 % of peak live; *warm* otherwise.
+//!
+//! # Note [Release runs]
+//!
+//! A run of consecutive `segment_free` / `segment_unmap` entries comes either from the program's
+//! `empty_cache()` or from `malloc`'s silent release-and-retry after a failed `cudaMalloc`
+//! (pytorch-allocator.md §1.9: the run is followed by the `segment_alloc` and the `alloc` of the
+//! same call, all with that call's stack frames; if the retry fails too, an `oom` entry follows
+//! the run instead). The heuristic, in order:
+//!
+//! 1. the entry after the run is `oom`: a failed retry, no event;
+//! 2. the run is followed by `segment_alloc`/`segment_map` and then `alloc`: when the run's last
+//!    entry and that `alloc` both carry frames, equal frames mean a retry and different frames an
+//!    `empty_cache()`; when either has no frames, the run counts as a retry if the `alloc` lies in
+//!    the segment just reserved (a call that needed new memory), else as `empty_cache()`;
+//! 3. anything else: `empty_cache()`, emitted as [`Event::EmptyCache`](crate::Event::EmptyCache) where the run starts.
+//!
+//! Without frames an explicit `empty_cache()` directly followed by an allocation that needs a new
+//! segment is taken for a retry; a replayed allocator that needs the memory releases its own
+//! cache then. [`ReleaseRuns`] counts each kind.
+//!
+//! # Untrusted input
+//!
+//! The pickle is read by [`pickle::parse`], which builds plain values only. Malformed fields are
+//! errors, never panics; sizes must add up to less than 2^64; and the work done on the values is
+//! bounded by the file's size (see `Work`), since a hostile pickle can name one long list from
+//! many places at two bytes a reference.
+
+mod device;
+mod dump_state;
+mod entries;
+mod release_runs;
+mod settings;
+
+use std::path::Path;
+
+use crate::pickle::{self, Value};
+use crate::start_segments::StartSegment;
+use crate::{Trace, TraceError};
+use device::device_trace;
+use entries::Work;
+use settings::alloc_conf;
+
+/// More devices than any machine has: segments naming more are a corrupt file, and refusing them
+/// keeps the per-device work bounded.
+const MAX_STATE_ONLY_DEVICES: usize = 1024;
+
+/// One device's trace, with what the reader learned on the way.
+#[derive(Clone, PartialEq, Debug)]
+pub struct DeviceTrace {
+    /// The device index (its position in `device_traces`).
+    pub device: u64,
+    /// The trace.
+    pub trace: Trace,
+    /// How the runs of segment releases were classified (Note [Release runs]).
+    pub release_runs: ReleaseRuns,
+    /// The traced allocator's `segment_alloc` entries, in order: what a faithful replay of the
+    /// classic allocator must reproduce.
+    pub segment_allocs: Vec<SegmentAllocAt>,
+    /// The traced allocator's segments when recording began, with the blocks live in them.
+    pub start_segments: Vec<StartSegment>,
+    /// Where the traced allocator released its cache to retry a failed `cudaMalloc` (runs of
+    /// [`ReleaseRuns::alloc_retry`]): the number of `alloc` entries before each run.
+    pub retry_runs: Vec<u64>,
+}
+
+/// One recorded `segment_alloc` (a `cudaMalloc` of the traced program's allocator).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct SegmentAllocAt {
+    /// `alloc` entries before it in the trace: the allocation it was made for is that ordinal.
+    pub allocs_before: u64,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+/// Runs of consecutive `segment_free`/`segment_unmap` entries, by kind (Note [Release runs]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct ReleaseRuns {
+    /// Runs taken for an explicit `empty_cache()` (each is one [`Event::EmptyCache`](crate::Event::EmptyCache)).
+    pub empty_cache: u64,
+    /// Runs taken for `malloc`'s release-and-retry that succeeded.
+    pub alloc_retry: u64,
+    /// Runs followed by an `oom` entry (the retry failed).
+    pub before_oom: u64,
+}
+
+/// Reads a snapshot from its bytes: one [`Trace`] per device with trace entries or segments,
+/// named `name` (the file stem), plus `#<device>` when there are several. A device with segments
+/// and no entries (a state-only snapshot) gives a trace of its blocks live at the dump and no
+/// events.
+pub fn read_snapshot(bytes: &[u8], name: &str) -> Result<Vec<Trace>, TraceError> {
+    Ok(analyse_snapshot(bytes, name)?
+        .into_iter()
+        .map(|d| d.trace)
+        .collect())
+}
+
+/// Reads a snapshot file (see [`read_snapshot`]); traces are named after the file stem.
+pub fn read_snapshot_file(path: &Path) -> Result<Vec<Trace>, TraceError> {
+    let file = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| TraceError {
+        file: file.clone(),
+        message: e.to_string(),
+    })?;
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| file.clone());
+    read_snapshot(&bytes, &stem).map_err(|e| TraceError {
+        file,
+        message: e.message,
+    })
+}
+
+/// Like [`read_snapshot`], with each device's index and release-run counts.
+pub fn analyse_snapshot(bytes: &[u8], name: &str) -> Result<Vec<DeviceTrace>, TraceError> {
+    let fail = |message: String| TraceError {
+        file: name.to_string(),
+        message,
+    };
+    let root = pickle::parse(bytes).map_err(|e| fail(e.to_string()))?;
+    let (segments, traces, settings) = match &root {
+        // torch 1.13's memory_snapshot(): a bare list of segments, no trace.
+        Value::List(_) => (Some(&root), None, None),
+        Value::Dict(_) if root.get("segments").is_some() || root.get("device_traces").is_some() => (
+            root.get("segments"),
+            root.get("device_traces"),
+            root.get("allocator_settings"),
+        ),
+        other => {
+            return Err(fail(format!(
+                "not a PyTorch memory snapshot (top level is a {} without \"segments\" or \"device_traces\")",
+                other.type_name()
+            )))
+        }
+    };
+    let seq = |v: Option<&Value>, what: &str| -> Result<Vec<Value>, TraceError> {
+        match v {
+            None | Some(Value::None) => Ok(Vec::new()),
+            Some(v) => v
+                .as_seq()
+                .map(<[Value]>::to_vec)
+                .ok_or_else(|| fail(format!("\"{what}\" is a {}, not a list", v.type_name()))),
+        }
+    };
+    let segments = seq(segments, "segments")?;
+    let traces = seq(traces, "device_traces")?;
+    let conf = alloc_conf(settings);
+    let mut per_device = Vec::new();
+    for (dev, entries) in traces.iter().enumerate() {
+        let entries = entries.as_seq().ok_or_else(|| {
+            fail(format!(
+                "device_traces[{dev}] is a {}, not a list",
+                entries.type_name()
+            ))
+        })?;
+        if !entries.is_empty() {
+            per_device.push((dev as u64, entries));
+        }
+    }
+    // A device with segments but no trace entries (a state-only snapshot, recorded with history
+    // off) still replays: its blocks live at the dump are allocated, and nothing else happens.
+    let mut state_only: Vec<u64> = segments
+        .iter()
+        .map(|s| s.get("device").and_then(Value::as_u64).unwrap_or(0))
+        .filter(|d| per_device.iter().all(|(dev, _)| dev != d))
+        .collect();
+    state_only.sort_unstable();
+    state_only.dedup();
+    if state_only.len() > MAX_STATE_ONLY_DEVICES {
+        return Err(fail(format!(
+            "segments name {} devices; no machine has more than {MAX_STATE_ONLY_DEVICES}",
+            state_only.len()
+        )));
+    }
+    per_device.extend(state_only.into_iter().map(|dev| (dev, &[][..])));
+    per_device.sort_unstable_by_key(|(dev, _)| *dev);
+    let several = per_device.len() > 1;
+    let mut work = Work::new(bytes.len());
+    per_device
+        .into_iter()
+        .map(|(dev, entries)| {
+            let trace_name = if several {
+                format!("{name}#{dev}")
+            } else {
+                name.to_string()
+            };
+            device_trace(dev, entries, &segments, trace_name, conf.clone(), &mut work)
+                .map_err(|m| fail(format!("device {dev}: {m}")))
+        })
+        .collect()
+}

@@ -1,0 +1,618 @@
+//! Built-in workloads: seeded, deterministic generators of realistic allocation patterns, for
+//! replaying where no recorded trace fits, and for tests.
+//!
+//! Every generator is a pure function of its arguments: the same seed gives the same trace, event
+//! for event. Ids are dense (the n-th allocation is id n - 1), every trace starts empty and every
+//! `Free` names a live allocation. What stays live at the end is the long-lived state the workload
+//! documents (weights, optimizer state), allocated before everything else and never freed.
+//!
+//! Sizes model real PyTorch programs: tensors of `batch × seq × width` elements, layer norm
+//! statistics, dropout masks (one byte an element), logits over the vocabulary, weight gradients
+//! dropped by `zero_grad(set_to_none=True)` and reallocated by the next backward pass.
+//!
+//! [`builtin`] is the default set; its figures (seed 1) are:
+//!
+//! | trace | events | peak live | live at end |
+//! |---|---|---|---|
+//! | `transformer-training-s1` | 36,666 | 19.11 GiB | 3.97 GiB |
+//! | `inference-kv-cache-s1` | 136,412 | 18.15 GiB | 12.55 GiB |
+//! | `varying-batch-s1` | 72,802 | 14.56 GiB | 1.22 GiB |
+//! | `rmm-random-s1-max67108864-ops100000` | 100,000 | 15.62 GiB | 0 |
+//!
+//! Other seeds stay in the ranges each generator documents.
+
+use crate::{Event, StartState, Trace};
+
+const MIB: u64 = 1 << 20;
+
+/// SplitMix64 (Steele, Lea, Flood 2014): small, fast, and good enough for workload shapes.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x05ee_d0fa_110c)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi` (Lemire's multiply-shift; `lo <= hi`).
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        let span = u128::from(hi.saturating_sub(lo)) + 1;
+        lo + ((u128::from(self.next()) * span) >> 64) as u64
+    }
+
+    /// True with probability `percent` / 100.
+    fn chance(&mut self, percent: u64) -> bool {
+        self.range(0, 99) < percent
+    }
+}
+
+/// Appends events, numbering allocations densely.
+struct Builder {
+    events: Vec<Event>,
+    next_id: u64,
+    stream: u64,
+}
+
+impl Builder {
+    fn new() -> Builder {
+        Builder {
+            events: Vec::new(),
+            next_id: 0,
+            stream: 0,
+        }
+    }
+
+    fn alloc(&mut self, size: u64) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.events.push(Event::Alloc {
+            id,
+            size,
+            stream: self.stream,
+        });
+        id
+    }
+
+    fn free(&mut self, id: u64) {
+        self.events.push(Event::Free { id });
+    }
+
+    fn free_all(&mut self, ids: impl IntoIterator<Item = u64>) {
+        for id in ids {
+            self.free(id);
+        }
+    }
+
+    /// Allocates and frees at once: a temporary.
+    fn temp(&mut self, size: u64) {
+        let id = self.alloc(size);
+        self.free(id);
+    }
+
+    fn finish(self, name: String) -> Trace {
+        Trace {
+            name,
+            initial: Vec::new(),
+            events: self.events,
+            start: StartState::Empty,
+            skipped_frees: 0,
+            recorded: None,
+            alloc_conf: None,
+        }
+    }
+}
+
+/// A decoder-style transformer, as far as its allocations go.
+#[derive(Clone, Copy)]
+struct Model {
+    layers: u64,
+    width: u64,
+    ffn: u64,
+    heads: u64,
+    vocab: u64,
+    /// Bytes an activation element takes (4 fp32, 2 bf16).
+    act: u64,
+    /// Materialise `batch × heads × seq × seq` attention scores (eager attention) instead of
+    /// keeping only the log-sum-exp (fused attention).
+    eager_attention: bool,
+    dropout: bool,
+    clip_grad_norm: bool,
+}
+
+/// The parameters' sizes in bytes (fp32). Per layer: ln1 w/b, qkv w/b, proj w/b, ln2 w/b,
+/// fc1 w/b, fc2 w/b. Then the token and position embeddings and the final norm (the output
+/// projection is tied to the token embedding).
+fn params(m: &Model, max_seq: u64) -> Vec<u64> {
+    let (d, f) = (m.width, m.ffn);
+    let mut p = Vec::new();
+    for _ in 0..m.layers {
+        for elems in [d, d, 3 * d * d, 3 * d, d * d, d, d, d, d * f, f, f * d, d] {
+            p.push(4 * elems);
+        }
+    }
+    for elems in [m.vocab * d, max_seq * d, d, d] {
+        p.push(4 * elems);
+    }
+    p
+}
+
+/// Allocates the weights and the two Adam moments of each, never freed.
+fn setup_training(b: &mut Builder, params: &[u64]) {
+    for &p in params {
+        b.alloc(p);
+    }
+    for &p in params {
+        b.alloc(p);
+        b.alloc(p);
+    }
+}
+
+/// What one layer's forward pass keeps for its backward pass.
+struct Saved {
+    x_in: u64,
+    ln1: [u64; 3],
+    qkv: u64,
+    attn: Vec<u64>,
+    mask1: Option<u64>,
+    x_mid: u64,
+    ln2: [u64; 3],
+    fc1: u64,
+    gelu: u64,
+    mask2: Option<u64>,
+}
+
+/// One training step (forward, backward, optional gradient clipping, AdamW, `zero_grad`) on a
+/// batch of `batch × seq` tokens.
+fn train_step(b: &mut Builder, rng: &mut Rng, m: &Model, params: &[u64], batch: u64, seq: u64) {
+    let (bs, d, f, h) = (batch * seq, m.width, m.ffn, m.heads);
+    let bsd = bs * d * m.act;
+    let stats = bs * 4;
+    let tokens = b.alloc(bs * 8);
+    let targets = b.alloc(bs * 8);
+    let mut grads: Vec<Option<u64>> = params.iter().map(|_| None).collect();
+    let per_layer = 12;
+    let mut grad = |b: &mut Builder, i: usize| {
+        if let (Some(slot), Some(&p)) = (grads.get_mut(i), params.get(i)) {
+            if slot.is_none() {
+                *slot = Some(b.alloc(p));
+            }
+        }
+    };
+
+    // Forward.
+    let mut x = b.alloc(bsd);
+    let mut saved = Vec::new();
+    for _ in 0..m.layers {
+        let x_in = x;
+        let ln1 = [b.alloc(bsd), b.alloc(stats), b.alloc(stats)];
+        let qkv = b.alloc(3 * bsd);
+        let mut attn = Vec::new();
+        if m.eager_attention {
+            let scores = b.alloc(batch * h * seq * seq * m.act);
+            let probs = b.alloc(batch * h * seq * seq * m.act);
+            b.free(scores);
+            attn.push(probs);
+            if m.dropout {
+                attn.push(b.alloc(batch * h * seq * seq));
+                attn.push(b.alloc(batch * h * seq * seq * m.act));
+            }
+            attn.push(b.alloc(bsd));
+        } else {
+            attn.push(b.alloc(bsd));
+            attn.push(b.alloc(batch * h * seq * 4));
+        }
+        let mut proj = b.alloc(bsd);
+        let mask1 = m.dropout.then(|| b.alloc(bs * d));
+        if m.dropout {
+            let dropped = b.alloc(bsd);
+            b.free(proj);
+            proj = dropped;
+        }
+        let x_mid = b.alloc(bsd);
+        b.free(proj);
+        let ln2 = [b.alloc(bsd), b.alloc(stats), b.alloc(stats)];
+        let fc1 = b.alloc(bs * f * m.act);
+        let gelu = b.alloc(bs * f * m.act);
+        let mut fc2 = b.alloc(bsd);
+        let mask2 = m.dropout.then(|| b.alloc(bs * d));
+        if m.dropout {
+            let dropped = b.alloc(bsd);
+            b.free(fc2);
+            fc2 = dropped;
+        }
+        x = b.alloc(bsd);
+        b.free(fc2);
+        saved.push(Saved {
+            x_in,
+            ln1,
+            qkv,
+            attn,
+            mask1,
+            x_mid,
+            ln2,
+            fc1,
+            gelu,
+            mask2,
+        });
+    }
+    let lnf = [b.alloc(bsd), b.alloc(stats), b.alloc(stats)];
+    let logits = b.alloc(bs * m.vocab * 4);
+    let lse = b.alloc(stats);
+    let loss = b.alloc(4);
+    for _ in 0..rng.range(0, 6) {
+        b.temp(rng.range(1, 16) * 4);
+    }
+
+    // Backward: each op allocates the gradient of its input, then drops what it saved and the
+    // gradient of its output.
+    let head = params.len() - 4;
+    let g_logits = b.alloc(bs * m.vocab * 4);
+    b.free_all([lse, logits]);
+    grad(b, head);
+    let g_lnf = b.alloc(bsd);
+    b.free(g_logits);
+    let mut g = b.alloc(bsd);
+    grad(b, head + 2);
+    grad(b, head + 3);
+    b.free_all(lnf);
+    b.free(x);
+    b.free(g_lnf);
+    for (layer, s) in saved.into_iter().enumerate().rev() {
+        let p = layer * per_layer;
+        let mut g_branch = g;
+        if let Some(mask) = s.mask2 {
+            let gd = b.alloc(bsd);
+            b.free(mask);
+            g_branch = gd;
+        }
+        let g_gelu = b.alloc(bs * f * m.act);
+        grad(b, p + 10);
+        grad(b, p + 11);
+        b.free(s.gelu);
+        if g_branch != g {
+            b.free(g_branch);
+        }
+        let g_fc1 = b.alloc(bs * f * m.act);
+        b.free_all([s.fc1, g_gelu]);
+        let g_ln2 = b.alloc(bsd);
+        grad(b, p + 8);
+        grad(b, p + 9);
+        b.free_all([s.ln2[0], g_fc1]);
+        let g_res = b.alloc(bsd);
+        grad(b, p + 6);
+        grad(b, p + 7);
+        b.free_all([s.ln2[1], s.ln2[2], s.x_mid, g_ln2]);
+        let g_mid = b.alloc(bsd);
+        b.free_all([g_res, g]);
+
+        let mut g_branch = g_mid;
+        if let Some(mask) = s.mask1 {
+            let gd = b.alloc(bsd);
+            b.free(mask);
+            g_branch = gd;
+        }
+        let g_attn = b.alloc(bsd);
+        grad(b, p + 4);
+        grad(b, p + 5);
+        if g_branch != g_mid {
+            b.free(g_branch);
+        }
+        let mut attn = s.attn.into_iter().rev();
+        if let Some(out) = attn.next() {
+            b.free(out);
+        }
+        if m.eager_attention {
+            // Through dropout and softmax, each step allocating a gradient of scores' size.
+            let mut g_s = g_attn;
+            for t in attn {
+                let next = b.alloc(batch * h * seq * seq * m.act);
+                b.free_all([t, g_s]);
+                g_s = next;
+            }
+            let g_qkv = b.alloc(3 * bsd);
+            b.free_all([s.qkv, g_s]);
+            g = g_qkv;
+        } else {
+            let g_qkv = b.alloc(3 * bsd);
+            b.free_all(attn);
+            b.free_all([s.qkv, g_attn]);
+            g = g_qkv;
+        }
+        let g_ln1 = b.alloc(bsd);
+        grad(b, p + 2);
+        grad(b, p + 3);
+        b.free_all([s.ln1[0], g]);
+        let g_x = b.alloc(bsd);
+        grad(b, p);
+        grad(b, p + 1);
+        b.free_all([s.ln1[1], s.ln1[2], g_ln1]);
+        let g_in = b.alloc(bsd);
+        b.free_all([g_x, g_mid]);
+        // The layer's input (for layer 0, the embedding output).
+        b.free(s.x_in);
+        g = g_in;
+    }
+    grad(b, head);
+    grad(b, head + 1);
+    b.free(g);
+
+    // Gradient clipping: a norm per parameter, stacked, then the total.
+    if m.clip_grad_norm {
+        let norms: Vec<u64> = params.iter().map(|_| b.alloc(4)).collect();
+        let stacked = b.alloc(4 * params.len() as u64);
+        b.free_all(norms);
+        let total = b.alloc(4);
+        b.free(stacked);
+        b.temp(4);
+        b.free(total);
+    }
+    // AdamW, one parameter at a time: the denominator and the update are temporaries.
+    for &p in params {
+        b.temp(p);
+        b.temp(p);
+    }
+    // zero_grad(set_to_none=True).
+    b.free_all(grads.into_iter().flatten());
+    b.free_all([loss, tokens, targets]);
+}
+
+/// A GPT-2-medium-sized language model (24 layers, width 1024, vocabulary 50,304; 354 M
+/// parameters) trained in fp32 with fused attention, batch 8 × 1,024 tokens, AdamW, for 12
+/// steps. Weights and both Adam moments (3.97 GiB) are allocated first and stay live; each
+/// step's activations (about 0.5 GiB a layer) are kept for the backward pass, which frees them
+/// in reverse while allocating gradients. The seed decides dropout (on or off), gradient
+/// clipping, and a few small metric temporaries per step.
+///
+/// Seed 1: 36,666 events, peak live 19.11 GiB; any seed: 36k to 48k events, peak 19.0 to
+/// 19.6 GiB.
+pub fn transformer_training(seed: u64) -> Trace {
+    let mut rng = Rng::new(seed);
+    let m = Model {
+        layers: 24,
+        width: 1024,
+        ffn: 4096,
+        heads: 16,
+        vocab: 50304,
+        act: 4,
+        eager_attention: false,
+        dropout: rng.chance(50),
+        clip_grad_norm: rng.chance(50),
+    };
+    let seq = 1024;
+    let p = params(&m, seq);
+    let mut b = Builder::new();
+    setup_training(&mut b, &p);
+    for _ in 0..12 {
+        train_step(&mut b, &mut rng, &m, &p, 8, seq);
+    }
+    b.finish(format!("transformer-training-s{seed}"))
+}
+
+/// An encoder (BERT-base sized: 12 layers, width 768, vocabulary 30,522) trained in fp32 with
+/// eager attention for 40 steps, each with its own batch size (uniform in 4..=48) of 256-token
+/// sequences, so every step's activations differ in size and the cache fragments. The batch is
+/// allocated on a side stream (stream 7, as a prefetching data loader does). Weights and Adam
+/// moments (1.22 GiB) stay live.
+///
+/// Seed 1: 72,802 events, peak live 14.56 GiB; any seed: 72k to 86k events, peak 3 to 15 GiB
+/// (the peak follows the largest batch drawn, 14 to 15 GiB for most seeds).
+pub fn varying_batch(seed: u64) -> Trace {
+    let mut rng = Rng::new(seed);
+    let m = Model {
+        layers: 12,
+        width: 768,
+        ffn: 3072,
+        heads: 12,
+        vocab: 30522,
+        act: 4,
+        eager_attention: true,
+        dropout: true,
+        clip_grad_norm: rng.chance(50),
+    };
+    let seq = 256;
+    let p = params(&m, 512);
+    let mut b = Builder::new();
+    setup_training(&mut b, &p);
+    for _ in 0..40 {
+        let batch = rng.range(4, 48);
+        // The data loader's copy stream allocates the batch; the step runs on stream 0.
+        b.stream = 7;
+        let input = b.alloc(batch * seq * 8);
+        b.stream = 0;
+        train_step(&mut b, &mut rng, &m, &p, batch, seq);
+        b.free(input);
+    }
+    b.finish(format!("varying-batch-s{seed}"))
+}
+
+/// Autoregressive generation with a growing KV cache on a 7B-parameter decoder (32 layers, width
+/// 4096, MLP 11,008, fp16: 12.55 GiB of weights, allocated first and kept). Five requests, each
+/// with its own batch (1, 2, 4 or 8), prompt (128..=2048 tokens) and generation length
+/// (24..=80 tokens). The prefill allocates eager attention scores over the whole prompt; each
+/// generated token then allocates per-layer temporaries (q/k/v, scores over the cache, MLP) and
+/// grows each layer's K and V cache: requests alternate between `torch.cat`-style reallocation
+/// (a new, one-token-longer tensor every token) and paged growth (a new 256-token block when
+/// the last is full). The cache is freed and `empty_cache()` called after each request.
+///
+/// Seed 1: 136,412 events, peak live 18.15 GiB; any seed: 40k to 170k events, peak 13 to
+/// 27 GiB.
+pub fn inference_kv_cache(seed: u64) -> Trace {
+    let mut rng = Rng::new(seed);
+    let (layers, d, f, h, vocab, act) = (32u64, 4096u64, 11008u64, 32u64, 32000u64, 2u64);
+    let mut b = Builder::new();
+    for _ in 0..layers {
+        for elems in [d, 3 * d * d, d * d, d, 2 * d * f, f * d] {
+            b.alloc(act * elems);
+        }
+    }
+    for elems in [vocab * d, d, vocab * d] {
+        b.alloc(act * elems);
+    }
+    for request in 0..5 {
+        let batch = 1 << rng.range(0, 3);
+        let prompt = rng.range(128, 2048);
+        let gen = rng.range(24, 80);
+        let paged = request % 2 == 1;
+        let block = 256;
+        // Per token per layer, K and V each take batch × width × 2 bytes.
+        let kv_token = batch * d * act;
+        let mut ids = b.alloc(batch * prompt * 8);
+
+        // Prefill.
+        let mut cache: Vec<Vec<u64>> = Vec::new();
+        let mut x = b.alloc(batch * prompt * d * act);
+        for _ in 0..layers {
+            let normed = b.alloc(batch * prompt * d * act);
+            let qkv = b.alloc(3 * batch * prompt * d * act);
+            let kv = if paged {
+                let blocks = prompt.div_ceil(block);
+                (0..2 * blocks).map(|_| b.alloc(block * kv_token)).collect()
+            } else {
+                vec![b.alloc(prompt * kv_token), b.alloc(prompt * kv_token)]
+            };
+            cache.push(kv);
+            let scores = b.alloc(batch * h * prompt * prompt * act);
+            let probs = b.alloc(batch * h * prompt * prompt * act);
+            b.free(scores);
+            let attn = b.alloc(batch * prompt * d * act);
+            b.free_all([probs, qkv, normed]);
+            let o = b.alloc(batch * prompt * d * act);
+            b.free(attn);
+            let mid = b.alloc(batch * prompt * d * act);
+            b.free_all([o, x]);
+            let up = b.alloc(2 * batch * prompt * f * act);
+            let gated = b.alloc(batch * prompt * f * act);
+            b.free(up);
+            let down = b.alloc(batch * prompt * d * act);
+            b.free(gated);
+            x = b.alloc(batch * prompt * d * act);
+            b.free_all([down, mid]);
+        }
+        let logits = b.alloc(batch * vocab * 4);
+        b.free_all([logits, x]);
+
+        // Decode.
+        for t in 0..gen {
+            let len = prompt + t + 1;
+            let mut x = b.alloc(batch * d * act);
+            for kv in cache.iter_mut() {
+                let qkv = b.alloc(3 * batch * d * act);
+                if paged {
+                    if (len - 1).is_multiple_of(block) {
+                        kv.push(b.alloc(block * kv_token));
+                        kv.push(b.alloc(block * kv_token));
+                    }
+                } else {
+                    for slot in kv.iter_mut() {
+                        let grown = b.alloc(len * kv_token);
+                        b.free(*slot);
+                        *slot = grown;
+                    }
+                }
+                let scores = b.alloc(batch * h * len * 4);
+                b.free(qkv);
+                let attn = b.alloc(batch * d * act);
+                b.free(scores);
+                let mlp = b.alloc(2 * batch * f * act);
+                b.free(attn);
+                let out = b.alloc(batch * d * act);
+                b.free_all([mlp, x]);
+                x = out;
+            }
+            let logits = b.alloc(batch * vocab * 4);
+            let probs = b.alloc(batch * vocab * 4);
+            b.free_all([logits, x]);
+            let next = b.alloc(batch * 8);
+            b.free(probs);
+            let longer = b.alloc(batch * len * 8);
+            b.free_all([ids, next]);
+            ids = longer;
+        }
+        b.free(ids);
+        b.free_all(cache.into_iter().flatten());
+        b.events.push(Event::EmptyCache);
+    }
+    b.finish(format!("inference-kv-cache-s{seed}"))
+}
+
+/// The shape of RMM's `random_allocations` benchmark: `ops` steps, each allocating (with
+/// probability 73 %, while fewer than `ops / 2` allocations were made and the live total stays
+/// under 16,000 MiB, RMM's `max_usage`) a size uniform in `1..=max_size`, or else freeing a
+/// uniformly chosen live allocation. As in RMM, a step with nothing live always allocates, and
+/// a size is drawn every step. Whatever is still live after the last step is freed, in random
+/// order, so the trace ends with nothing live; it has at most `ops` events plus those frees
+/// (RMM's shape leaves almost none).
+pub fn rmm_random(seed: u64, max_size: u64, ops: u64) -> Trace {
+    let mut rng = Rng::new(seed);
+    let max_usage = 16_000 * MIB;
+    let max_size = max_size.max(1);
+    let num_allocations = ops / 2;
+    let mut b = Builder::new();
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    let (mut live_bytes, mut allocated) = (0u64, 0u64);
+    for _ in 0..ops {
+        let size = rng.range(1, max_size);
+        let mut do_alloc = true;
+        if !live.is_empty() {
+            do_alloc = rng.chance(73)
+                && allocated < num_allocations
+                && live_bytes.saturating_add(size) < max_usage;
+        }
+        if do_alloc {
+            live.push((b.alloc(size), size));
+            live_bytes += size;
+            allocated += 1;
+        } else if !live.is_empty() {
+            let i = rng.range(0, live.len() as u64 - 1) as usize;
+            let (id, size) = live.swap_remove(i);
+            b.free(id);
+            live_bytes -= size;
+        }
+    }
+    while !live.is_empty() {
+        let i = rng.range(0, live.len() as u64 - 1) as usize;
+        let (id, _) = live.swap_remove(i);
+        b.free(id);
+    }
+    b.finish(format!("rmm-random-s{seed}-max{max_size}-ops{ops}"))
+}
+
+/// The default set, seed 1: [`transformer_training`], [`inference_kv_cache`],
+/// [`varying_batch`] and [`rmm_random`] with sizes up to 64 MiB over 100,000 steps. Each has
+/// between 20k and 200k events and a peak live between 1 and 40 GiB (figures in the module
+/// docs).
+pub fn builtin() -> Vec<Trace> {
+    vec![
+        transformer_training(1),
+        inference_kv_cache(1),
+        varying_batch(1),
+        rmm_random(1, 64 * MIB, 100_000),
+    ]
+}
+
+/// The names [`by_name`] knows, in the order [`builtin`] lists them.
+pub const NAMES: [&str; 4] = [
+    "transformer-training",
+    "inference-kv-cache",
+    "varying-batch",
+    "rmm-random",
+];
+
+/// The workload called `name` (one of [`NAMES`]) with `seed`; `ops` and `max_size` shape
+/// [`rmm_random`] and are ignored by the others. `None` for an unknown name.
+pub fn by_name(name: &str, seed: u64, ops: u64, max_size: u64) -> Option<Trace> {
+    match name {
+        "transformer-training" => Some(transformer_training(seed)),
+        "inference-kv-cache" => Some(inference_kv_cache(seed)),
+        "varying-batch" => Some(varying_batch(seed)),
+        "rmm-random" => Some(rmm_random(seed, max_size, ops)),
+        _ => None,
+    }
+}
