@@ -4,6 +4,7 @@ mod classic_behaviour;
 mod classic_model;
 mod expandable_behaviour;
 mod expandable_regressions;
+mod expandable_rollback;
 mod model;
 mod pytorch_parity;
 mod replay;
