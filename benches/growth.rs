@@ -10,7 +10,7 @@
 //! * `expandable-warm-cache/regrow`: the same growth after a release that kept the handles
 //!   (`handle_cache_limit` above the target), so growth maps cached handles and creates none.
 //!
-//! Allocators: `expandable` (ours), `pytorch-expandable` (`Config::pytorch_expandable`: no handle
+//! Allocators: `expandable` (ours), `pytorch-expandable` (`ExpandableConfig::pytorch_expandable`: no handle
 //! cache, so its regrowth is its cold growth) and `classic` (one `cudaMalloc`-style segment per 64 MiB
 //! request; after `empty_cache` it has nothing to reuse either). Driver calls per phase are
 //! printed once, outside timing, before the timed runs, and written to

@@ -2,7 +2,7 @@
 //! and nothing else (issue 7, benchmark 1).
 //!
 //! Sim backend (no driver time), 1 TiB so nothing ever runs out. For each allocator
-//! (expandable with `Config::default()`, classic with PyTorch's defaults, PyTorch's expandable
+//! (expandable with `ExpandableConfig::default()`, classic with PyTorch's defaults, PyTorch's expandable
 //! policy) and each count of other live allocations (0, 1,000, 100,000) the allocator is built
 //! once and filled, then each size (512 B, 64 KiB, 1 MiB, 20 MiB, 256 MiB) is allocated and
 //! freed once untimed, so its memory is mapped and cached, and the pair is timed.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::{AllocConf, Config};
+use vmm_alloc::config::{AllocConf, ExpandableConfig};
 use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, SimBackend, StreamId};
 
 const SIZES: [usize; 6] = [512, 4 << 10, 64 << 10, 1 << 20, 3 << 20, 20 << 20];
@@ -24,11 +24,14 @@ type Make = fn() -> Arc<dyn Allocator>;
 
 const ALLOCATORS: [(&str, Make); 3] = [
     ("expandable", || {
-        Arc::new(ExpandableAllocator::new(SimBackend::new(), Config::default()).expect("alloc"))
+        Arc::new(
+            ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::default())
+                .expect("alloc"),
+        )
     }),
     ("pytorch-expandable", || {
         Arc::new(
-            ExpandableAllocator::new(SimBackend::new(), Config::pytorch_expandable())
+            ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::pytorch_expandable())
                 .expect("alloc"),
         )
     }),

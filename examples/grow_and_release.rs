@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use vmm_alloc::backend::{Access, Backend, Capabilities, PhysHandle};
-use vmm_alloc::config::Config;
+use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::units::human_bytes;
 use vmm_alloc::{
     AllocError, Allocator, BackendError, ExpandableAllocator, HostBackend, SimBackend, StreamId,
@@ -151,7 +151,7 @@ fn grow_and_release<B: Backend + Clone + 'static>(b: &B) -> Result<(), BackendEr
 /// The expandable allocator on the same backend, end to end.
 fn allocator_demo<B: Backend + Clone + 'static>(b: &B) -> Result<(), AllocError> {
     println!("\nexpandable allocator on {}:", b.name());
-    let alloc = ExpandableAllocator::new(b.clone(), Config::default())?;
+    let alloc = ExpandableAllocator::new(b.clone(), ExpandableConfig::default())?;
     let s = StreamId::DEFAULT;
     let sizes = [1000usize, 3 << 20, 100 << 20, 5 << 20];
     let mut blocks = Vec::new();

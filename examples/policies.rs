@@ -9,7 +9,7 @@
 //! Usage: `cargo run --release --example policies [capacity_gib]` (default 2.5).
 
 use vmm_alloc::backend::{Backend, CallKind, SimBackend, SimConfig};
-use vmm_alloc::config::Config;
+use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, StreamId};
 
 const MB: usize = 1 << 20;
@@ -38,7 +38,7 @@ struct Outcome {
     remapped: u64,
 }
 
-fn run(config: Config, capacity: usize) -> Outcome {
+fn run(config: ExpandableConfig, capacity: usize) -> Outcome {
     let sim = SimBackend::with_config(SimConfig {
         capacity,
         ..SimConfig::default()
@@ -102,8 +102,8 @@ fn main() {
     );
     println!("|---|---|---|---|---|---|---|---|");
     for (name, config) in [
-        ("pytorch-expandable", Config::pytorch_expandable()),
-        ("expandable (ours)", Config::default()),
+        ("pytorch-expandable", ExpandableConfig::pytorch_expandable()),
+        ("expandable (ours)", ExpandableConfig::default()),
     ] {
         let o = run(config, capacity);
         println!(

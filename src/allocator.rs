@@ -7,8 +7,10 @@ use crate::stats::MemoryStats;
 use crate::units::DevAddr;
 
 /// A live allocation. Move-only: give it back with [`Allocator::deallocate`] (or free it by address
-/// with [`Allocator::deallocate_ptr`]).
+/// with [`Allocator::deallocate_ptr`]). Dropping it frees nothing: its memory stays allocated
+/// until the allocator itself is dropped.
 #[derive(PartialEq, Eq, Debug)]
+#[must_use = "dropping an Allocation leaks its memory until the allocator is dropped; give it back with Allocator::deallocate"]
 pub struct Allocation {
     pub(crate) ptr: DevAddr,
     pub(crate) size: usize,
@@ -38,6 +40,7 @@ impl Allocation {
 /// A stream-ordered caching allocator of device memory. Thread-safe; one per device.
 pub trait Allocator: Send + Sync {
     /// Allocates at least `size` bytes for use on `stream`.
+    #[must_use = "the allocation's memory stays allocated until it is given back with deallocate"]
     fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError>;
 
     /// Frees an allocation. Its memory is reused on its stream at once, and on other streams only

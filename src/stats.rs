@@ -18,14 +18,14 @@ pub struct Stat {
 
 impl Stat {
     /// `increase_stat`: `current += n`, `peak = max(peak, current)`, `allocated += n`.
-    pub fn increase(&mut self, n: u64) {
+    pub(crate) fn increase(&mut self, n: u64) {
         self.current += n;
         self.peak = self.peak.max(self.current);
         self.allocated += n;
     }
 
     /// `decrease_stat`: `current -= n`, `freed += n`.
-    pub fn decrease(&mut self, n: u64) {
+    pub(crate) fn decrease(&mut self, n: u64) {
         self.current = self.current.saturating_sub(n);
         self.freed += n;
     }
@@ -54,13 +54,13 @@ pub struct StatArray {
 
 impl StatArray {
     /// Increases the aggregate and `pool`'s stat.
-    pub fn increase(&mut self, pool: PoolKind, n: u64) {
+    pub(crate) fn increase(&mut self, pool: PoolKind, n: u64) {
         self.all.increase(n);
         self.pool_mut(pool).increase(n);
     }
 
     /// Decreases the aggregate and `pool`'s stat.
-    pub fn decrease(&mut self, pool: PoolKind, n: u64) {
+    pub(crate) fn decrease(&mut self, pool: PoolKind, n: u64) {
         self.all.decrease(n);
         self.pool_mut(pool).decrease(n);
     }

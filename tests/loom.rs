@@ -25,7 +25,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::{AllocConf, Config};
+use vmm_alloc::config::{AllocConf, ExpandableConfig};
 use vmm_alloc::{Allocation, Allocator, Backend, ExpandableAllocator, SimBackend, StreamId};
 
 const S1: StreamId = StreamId::sim(1);
@@ -230,7 +230,7 @@ where
 }
 
 fn expandable(sim: SimBackend) -> ExpandableAllocator<SimBackend> {
-    ExpandableAllocator::new(sim, Config::default()).expect("allocator")
+    ExpandableAllocator::new(sim, ExpandableConfig::default()).expect("allocator")
 }
 
 fn classic(sim: SimBackend) -> ClassicAllocator<SimBackend> {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, SamplingMode};
 use vmm_alloc::backend::{Access, Backend, CallCounts, CallKind, PhysHandle};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::{AllocConf, Config};
+use vmm_alloc::config::{AllocConf, ExpandableConfig};
 use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, StreamId};
 
 use crate::extra::Json;
@@ -33,19 +33,19 @@ const RAW_PAGES: [usize; 2] = [2 * MIB, 20 * MIB];
 pub type Make<B> = fn(B) -> Box<dyn Allocator>;
 
 fn expandable<B: Backend + 'static>(b: B) -> Box<dyn Allocator> {
-    Box::new(ExpandableAllocator::new(b, Config::default()).expect("expandable"))
+    Box::new(ExpandableAllocator::new(b, ExpandableConfig::default()).expect("expandable"))
 }
 
 fn expandable_warm<B: Backend + 'static>(b: B) -> Box<dyn Allocator> {
-    let config = Config {
+    let config = ExpandableConfig {
         handle_cache_limit: WARM_CACHE_LIMIT,
-        ..Config::default()
+        ..ExpandableConfig::default()
     };
     Box::new(ExpandableAllocator::new(b, config).expect("expandable"))
 }
 
 fn pytorch_expandable<B: Backend + 'static>(b: B) -> Box<dyn Allocator> {
-    Box::new(ExpandableAllocator::new(b, Config::pytorch_expandable()).expect("pytorch"))
+    Box::new(ExpandableAllocator::new(b, ExpandableConfig::pytorch_expandable()).expect("pytorch"))
 }
 
 fn classic<B: Backend + 'static>(b: B) -> Box<dyn Allocator> {

@@ -6,7 +6,7 @@ use std::hint::black_box;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, BenchmarkId};
 use vmm_alloc::backend::Backend;
-use vmm_alloc::config::Config;
+use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::{Allocation, Allocator, ClassicAllocator, ExpandableAllocator, StreamId};
 
 use crate::extra::Json;
@@ -101,13 +101,14 @@ pub fn measure_all<B: Backend>(
     backend: impl Fn() -> B,
 ) -> Vec<DriverNote> {
     let mut notes = Vec::new();
-    let expandable = ExpandableAllocator::new(backend(), Config::default()).expect("expandable");
+    let expandable =
+        ExpandableAllocator::new(backend(), ExpandableConfig::default()).expect("expandable");
     notes.extend(measure(group, "expandable", &expandable, live));
     drop(expandable);
     let classic = ClassicAllocator::with_alloc_conf(backend(), "").expect("classic");
     notes.extend(measure(group, "classic", &classic, live));
     drop(classic);
-    let pytorch = ExpandableAllocator::new(backend(), Config::pytorch_expandable())
+    let pytorch = ExpandableAllocator::new(backend(), ExpandableConfig::pytorch_expandable())
         .expect("pytorch-expandable");
     notes.extend(measure(group, "pytorch-expandable", &pytorch, live));
     notes

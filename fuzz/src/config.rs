@@ -2,7 +2,7 @@
 //! grammar, and valid strings mutated character by character.
 //!
 //! Must hold: parsing returns quickly, never panics, and is deterministic; a string it accepts
-//! has values in their documented ranges, gives a `Config` that validates, and both allocators
+//! has values in their documented ranges, gives a `ExpandableConfig` that validates, and both allocators
 //! that accept it allocate, free and empty their cache without panicking (a rounding or segment
 //! size taken from the string must not overflow anywhere downstream).
 
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use vmm_alloc::backend::{SimBackend, SimConfig};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::{parse_alloc_conf, AllocConf, Config};
+use vmm_alloc::config::{parse_alloc_conf, AllocConf, ExpandableConfig};
 use vmm_alloc::{AllocError, Allocator, ExpandableAllocator, StreamId};
 
 use crate::runner::{shorten, Campaign, Tally};
@@ -219,18 +219,23 @@ impl Campaign for ConfigStrings {
         }
         let Ok(conf) = first else { return Ok(()) };
         in_range(&conf)?;
-        let config = Config::default()
+        let config = ExpandableConfig::default()
             .with_alloc_conf(s)
-            .map_err(|e| format!("parsed, but Config::with_alloc_conf refused it: {e}"))?;
+            .map_err(|e| {
+                format!("parsed, but ExpandableConfig::with_alloc_conf refused it: {e}")
+            })?;
         config
             .validate()
-            .map_err(|e| format!("parsed, but the Config does not validate: {e}"))?;
+            .map_err(|e| format!("parsed, but the ExpandableConfig does not validate: {e}"))?;
         // An allocator may refuse a configuration with an error (a page size the device's
         // granularity does not divide, say); what it accepts it must run.
         if let Ok(classic) = ClassicAllocator::new(sim()?, conf) {
             tally.ops += exercise(&classic)?;
         }
-        for base in [Config::default(), Config::pytorch_expandable()] {
+        for base in [
+            ExpandableConfig::default(),
+            ExpandableConfig::pytorch_expandable(),
+        ] {
             let config = base
                 .with_alloc_conf(s)
                 .map_err(|e| format!("with_alloc_conf: {e}"))?;

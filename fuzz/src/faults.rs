@@ -11,36 +11,22 @@
 //! holding nothing.
 
 use proptest::prelude::*;
-use vmm_alloc::backend::{
-    CallKind, CallKinds, FaultError, FaultPlan, HostBackend, SimBackend, Trigger,
-};
+use vmm_alloc::backend::{CallKind, CallKinds};
+use vmm_alloc::testkit::{EmulatedBackend, FaultError, FaultPlan, Trigger};
 use vmm_alloc::{AllocError, Allocation, Allocator, DevAddr, StreamId};
 
-use crate::observed::Controls;
 use crate::runner::Tally;
 
 const STREAMS: u64 = 3;
 const MB: usize = 1 << 20;
 
-/// The backend controls the driver needs beyond [`Controls`]: installing and removing faults.
-pub trait Faulty: Controls {
-    /// Installs `plan`, replacing the current one; returns how many faults the old one fired.
-    fn arm(&self, plan: FaultPlan) -> u64;
+/// Installs `plan` on `backend`, replacing the current one; returns how many faults the old one
+/// fired.
+pub fn arm<B: EmulatedBackend>(backend: &B, plan: FaultPlan) -> u64 {
+    let fired = backend.clear_faults();
+    backend.set_faults(plan);
+    fired
 }
-
-macro_rules! faulty {
-    ($ty:ty) => {
-        impl Faulty for $ty {
-            fn arm(&self, plan: FaultPlan) -> u64 {
-                let fired = self.clear_faults();
-                self.set_faults(plan);
-                fired
-            }
-        }
-    };
-}
-faulty!(SimBackend);
-faulty!(HostBackend);
 
 /// The calls a fault may hit: every call an allocator makes (not `Init`, made before it exists,
 /// nor `Write`/`Read`, which only this driver makes, to stamp and check data).
@@ -162,7 +148,7 @@ fn probes(len: usize) -> [(usize, usize); 3] {
     [(0, n), ((len / 2).min(len - n), n), (len - n, n)]
 }
 
-fn stamp<B: Faulty>(b: &B, h: &Held) -> Result<(), String> {
+fn stamp<B: EmulatedBackend>(b: &B, h: &Held) -> Result<(), String> {
     for (off, n) in probes(h.alloc.requested()) {
         let data: Vec<u8> = (off..off + n).map(|o| byte(h.id, o)).collect();
         b.write(DevAddr::new(h.alloc.ptr().get() + off as u64), &data)
@@ -171,7 +157,7 @@ fn stamp<B: Faulty>(b: &B, h: &Held) -> Result<(), String> {
     Ok(())
 }
 
-fn verify<B: Faulty>(b: &B, h: &Held) -> Result<(), String> {
+fn verify<B: EmulatedBackend>(b: &B, h: &Held) -> Result<(), String> {
     for (off, n) in probes(h.alloc.requested()) {
         let mut got = vec![0u8; n];
         b.read(DevAddr::new(h.alloc.ptr().get() + off as u64), &mut got)
@@ -189,7 +175,7 @@ fn verify<B: Faulty>(b: &B, h: &Held) -> Result<(), String> {
 }
 
 /// The allocator under test with what the driver keeps beside it.
-struct Rig<'a, B: Faulty, A: Allocator> {
+struct Rig<'a, B: EmulatedBackend, A: Allocator> {
     backend: B,
     alloc: A,
     extra: &'a dyn Fn(&A) -> Result<(), String>,
@@ -201,7 +187,7 @@ struct Rig<'a, B: Faulty, A: Allocator> {
     empty_cache_faults: bool,
 }
 
-impl<B: Faulty, A: Allocator> Rig<'_, B, A> {
+impl<B: EmulatedBackend, A: Allocator> Rig<'_, B, A> {
     fn latest(&self, pick: usize) -> usize {
         self.live.len() - 1 - pick % self.live.len()
     }
@@ -250,22 +236,22 @@ impl<B: Faulty, A: Allocator> Rig<'_, B, A> {
             }
             FOp::Stream { stream, hold } => {
                 if hold {
-                    self.backend.hold(StreamId::sim(stream));
+                    self.backend.hold_stream(StreamId::sim(stream));
                 } else {
-                    self.backend.unhold(StreamId::sim(stream));
+                    self.backend.release_stream(StreamId::sim(stream));
                 }
             }
             FOp::EmptyCache if self.empty_cache_faults => {
                 let _ = self.alloc.empty_cache();
             }
             FOp::EmptyCache => {
-                tally.faults += self.backend.arm(FaultPlan::new());
+                tally.faults += arm(&self.backend, FaultPlan::new());
                 let _ = self.alloc.empty_cache();
-                self.backend.arm(self.plan.clone());
+                arm(&self.backend, self.plan.clone());
             }
             _ => {
                 if let Some(plan) = plan_after(&self.plan, op) {
-                    tally.faults += self.backend.arm(plan.clone());
+                    tally.faults += arm(&self.backend, plan.clone());
                     self.plan = plan;
                 }
             }
@@ -329,9 +315,9 @@ impl<B: Faulty, A: Allocator> Rig<'_, B, A> {
 
     /// Faults off, everything freed, cache emptied, allocator dropped: nothing may be left.
     fn teardown(mut self, tally: &mut Tally) -> Result<(), String> {
-        tally.faults += self.backend.arm(FaultPlan::new());
+        tally.faults += arm(&self.backend, FaultPlan::new());
         for s in 0..STREAMS {
-            self.backend.unhold(StreamId::sim(s));
+            self.backend.release_stream(StreamId::sim(s));
         }
         for h in std::mem::take(&mut self.live) {
             if self.bytes {
@@ -363,7 +349,7 @@ impl<B: Faulty, A: Allocator> Rig<'_, B, A> {
 /// Runs `ops` on the allocator `make` builds over `backend`, checking after every step; `extra`
 /// is the allocator's own invariant check, if it has one; `empty_cache_faults`: whether armed
 /// faults may hit `empty_cache` too (or it runs with them suspended).
-pub fn run<B: Faulty, A: Allocator>(
+pub fn run<B: EmulatedBackend, A: Allocator>(
     backend: B,
     make: impl FnOnce(B) -> Result<A, AllocError>,
     extra: &dyn Fn(&A) -> Result<(), String>,

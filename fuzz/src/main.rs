@@ -15,9 +15,6 @@ mod config;
 mod expandable;
 mod faults;
 mod heap;
-#[path = "../../tests/all/model/observed.rs"]
-#[allow(dead_code)]
-mod observed;
 mod readers;
 mod runner;
 mod sequence;

@@ -76,7 +76,7 @@ mod cuda {
     use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
     use cudarc::driver::{result, sys, CudaContext, CudaStream};
     use vmm_alloc::backend::Backend;
-    use vmm_alloc::config::{AllocConf, Config};
+    use vmm_alloc::config::{AllocConf, ExpandableConfig};
     use vmm_alloc::{
         AllocError, Allocation, Allocator, ClassicAllocator, CudaBackend, ExpandableAllocator,
         StreamId,
@@ -257,7 +257,7 @@ mod cuda {
     ) -> Box<dyn Allocator> {
         match policy.config(conf) {
             Some(config) => {
-                let config = Config {
+                let config = ExpandableConfig {
                     memory_fraction: config.memory_fraction.min(fraction),
                     ..config
                 };

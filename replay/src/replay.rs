@@ -8,7 +8,7 @@ use crate::dump::recorder::Recorder;
 use crate::dump::SnapshotDump;
 use crate::{Event, Trace};
 use vmm_alloc::backend::{CallCounts, SimBackend, SimConfig};
-use vmm_alloc::config::{parse_alloc_conf, AllocConf, Config};
+use vmm_alloc::config::{parse_alloc_conf, AllocConf, ExpandableConfig};
 use vmm_alloc::error::AllocError;
 use vmm_alloc::{Allocation, Allocator, ClassicAllocator, ExpandableAllocator, StreamId};
 
@@ -18,9 +18,9 @@ pub enum Policy {
     /// PyTorch's classic caching allocator ([`ClassicAllocator`]), configured by the trace's
     /// `PYTORCH_CUDA_ALLOC_CONF`.
     Classic,
-    /// PyTorch's expandable segments, faithfully ([`Config::pytorch_expandable`]).
+    /// PyTorch's expandable segments, faithfully ([`ExpandableConfig::pytorch_expandable`]).
     PytorchExpandable,
-    /// Ours, with its defaults ([`Config::default`]).
+    /// Ours, with its defaults ([`ExpandableConfig::default`]).
     Expandable,
 }
 
@@ -52,11 +52,11 @@ impl Policy {
     /// An expandable policy's configuration, with the traced program's `PYTORCH_CUDA_ALLOC_CONF`
     /// applied when it parses (rounding, memory fraction, `max_split_size`); `None` for
     /// [`Policy::Classic`], which takes [`Policy::alloc_conf`] instead.
-    pub fn config(self, alloc_conf: Option<&str>) -> Option<Config> {
+    pub fn config(self, alloc_conf: Option<&str>) -> Option<ExpandableConfig> {
         let base = match self {
             Policy::Classic => return None,
-            Policy::PytorchExpandable => Config::pytorch_expandable(),
-            Policy::Expandable => Config::default(),
+            Policy::PytorchExpandable => ExpandableConfig::pytorch_expandable(),
+            Policy::Expandable => ExpandableConfig::default(),
         };
         Some(match alloc_conf {
             Some(conf) => base.clone().with_alloc_conf(conf).unwrap_or(base),

@@ -4,6 +4,7 @@ use std::fmt;
 
 /// One kind of backend call. Counters, fault injection and errors are keyed by it.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[non_exhaustive]
 pub enum CallKind {
     /// `cuInit` and device setup: constructing a backend (its errors come from here).
     Init,

@@ -7,6 +7,7 @@
 
 use parking_lot::Mutex;
 
+use crate::backend::error::{BackendError, BackendErrorKind as E};
 use crate::backend::fault::{FaultError, FaultPlan};
 use crate::backend::ledger::Ledger;
 use crate::backend::raw::{RawDevice, RawEvent};
@@ -14,7 +15,6 @@ use crate::backend::{
     Access, Backend, CallCounts, CallKind, Capabilities, EventId, LiveResources, MemInfo,
     PhysHandle, Protection, StreamId,
 };
-use crate::error::{BackendError, BackendErrorKind as E};
 use crate::units::{DevAddr, VaRange};
 
 pub(crate) struct Checked<R: RawDevice> {
@@ -81,6 +81,7 @@ impl<R: RawDevice> Checked<R> {
     }
 
     /// The raw event behind `event`, if it is live.
+    #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
     pub(crate) fn raw_event(&self, event: EventId) -> Option<RawEvent> {
         self.state
             .lock()
@@ -91,13 +92,21 @@ impl<R: RawDevice> Checked<R> {
     }
 
     /// Installs a fault plan, replacing the previous one; returns the previous one.
+    #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
     pub(crate) fn set_faults(&self, plan: FaultPlan) -> FaultPlan {
         std::mem::replace(&mut self.state.lock().faults, plan)
     }
 
     /// Faults injected by the current plan.
+    #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
     pub(crate) fn faults_fired(&self) -> u64 {
         self.state.lock().faults.fired()
+    }
+
+    /// The physical memory the device hands out (0 where the driver does not say).
+    #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
+    pub(crate) fn capacity(&self) -> usize {
+        self.state.lock().ledger.capacity().unwrap_or(0)
     }
 }
 

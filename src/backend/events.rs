@@ -45,7 +45,11 @@ impl SimEvents {
             }
         }
     }
+}
 
+/// The test controls (`testkit::EmulatedBackend`).
+#[cfg(feature = "testkit")]
+impl SimEvents {
     /// From now on, events recorded on `stream` stay pending.
     pub(crate) fn hold(&mut self, stream: StreamId) {
         self.held.insert(stream);

@@ -2,6 +2,10 @@
 //! with a seed. Installed on a Sim or Host backend by a test; an injected failure leaves the
 //! backend's state unchanged, exactly like a real failure.
 
+// Built without the `testkit` feature, nothing can install a plan: every backend keeps the empty
+// one, and the builders are unused.
+#![cfg_attr(not(feature = "testkit"), allow(dead_code))]
+
 use crate::backend::{CallKind, CallKinds};
 
 /// Spreads a seed over all 64 bits (SplitMix64's finalizer), so that nearby seeds give unrelated
@@ -48,10 +52,11 @@ struct RandomFaults {
     error: FaultError,
 }
 
-/// A set of faults to inject. Build it, then install it with `set_faults` on a Sim or Host backend.
+/// A set of faults to inject. Build it, then install it with `EmulatedBackend::set_faults` (feature `testkit`) on a Sim or Host backend.
 ///
 /// ```
-/// use vmm_alloc::backend::{CallKind, FaultError, FaultPlan, Trigger};
+/// use vmm_alloc::backend::CallKind;
+/// use vmm_alloc::testkit::{FaultError, FaultPlan, Trigger};
 /// let plan = FaultPlan::new()
 ///     .fail(CallKind::Create, Trigger::Nth(3), FaultError::OutOfMemory)
 ///     .fail(CallKind::Map, Trigger::From(10), FaultError::Injected);

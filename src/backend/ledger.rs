@@ -19,9 +19,9 @@ use std::collections::BTreeMap;
 use rustc_hash::FxHashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::backend::error::BackendErrorKind as E;
 use crate::backend::raw::{RawEvent, RawHandle};
 use crate::backend::{Access, EventId, LiveResources, PhysHandle, Protection, StreamId};
-use crate::error::BackendErrorKind as E;
 use crate::units::{DevAddr, VaRange};
 
 #[derive(Clone, Copy, Debug)]

@@ -38,25 +38,27 @@
 pub(crate) mod calls;
 pub(crate) mod checked;
 #[cfg(feature = "cuda")]
-pub mod cuda;
+mod cuda;
 mod emulated;
+mod error;
 mod events;
 pub(crate) mod fault;
-pub mod host;
+#[cfg(target_os = "linux")]
+mod host;
 mod ledger;
 mod raw;
-pub mod sim;
+mod sim;
 
 use std::fmt;
 
 pub use calls::{CallCounts, CallKind, CallKinds};
 #[cfg(feature = "cuda")]
 pub use cuda::CudaBackend;
-pub use fault::{FaultError, FaultPlan, Trigger};
+pub use error::{BackendError, BackendErrorKind};
+#[cfg(target_os = "linux")]
 pub use host::{HostBackend, HostConfig};
 pub use sim::{SimBackend, SimConfig};
 
-use crate::error::BackendError;
 use crate::units::{DevAddr, VaRange};
 
 /// A physical memory handle (`CUmemGenericAllocationHandle`). Opaque: handles are numbered by the
@@ -153,7 +155,7 @@ bitflags::bitflags! {
     pub struct Capabilities: u32 {
         /// Real memory: `write` and `read` move bytes.
         const BYTES = 1 << 0;
-        /// Accepts a [`FaultPlan`].
+        /// Accepts a fault plan (feature `testkit`: `testkit::FaultPlan`).
         const FAULT_INJECTION = 1 << 1;
         /// A test decides when events complete (hold a stream's events pending).
         const HELD_EVENTS = 1 << 2;
@@ -292,9 +294,20 @@ pub trait Backend: Send + Sync {
 }
 
 /// Implements [`Backend`] for a wrapper type by forwarding every call to its `inner`
-/// [`checked::Checked`].
+/// [`checked::Checked`], and `Debug` showing what the backend holds.
 macro_rules! forward_backend {
     ($ty:ty) => {
+        impl std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                use $crate::backend::Backend;
+                f.debug_struct(stringify!($ty))
+                    .field("device", &self.device())
+                    .field("granularity", &self.granularity())
+                    .field("live", &self.live())
+                    .finish_non_exhaustive()
+            }
+        }
+
         impl $crate::backend::Backend for $ty {
             fn name(&self) -> &'static str {
                 self.inner.name()

@@ -5,8 +5,8 @@
 //! non-overlapping arguments and handles it created itself. Raw handle and event values never
 //! leave the crate; users see the ledger's numbers.
 
+use crate::backend::error::BackendErrorKind;
 use crate::backend::{Access, MemInfo, StreamId};
-use crate::error::BackendErrorKind;
 
 /// A raw physical handle value (the driver's `CUmemGenericAllocationHandle`, a pool offset on Host).
 pub(crate) type RawHandle = u64;

@@ -1,18 +1,15 @@
 //! `SimBackend`: exact CUDA bookkeeping with no memory behind it.
-//!
-//! Addresses are fake but realistic (reservations start at `0x2_0000_0000`, aligned to the
-//! granularity, one granule apart so that two reservations never look contiguous). Physical
-//! capacity is enforced exactly; events complete at once unless a test holds their stream.
+//! (The whole description is on the type, which is what the docs show.)
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::backend::checked::Checked;
 use crate::backend::emulated::{emulated_controls, sim_event_methods};
+use crate::backend::error::{BackendError, BackendErrorKind as E};
 use crate::backend::events::SimEvents;
 use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
 use crate::backend::{forward_backend, Access, Capabilities, MemInfo};
-use crate::error::{BackendError, BackendErrorKind as E};
 
 /// Where the first simulated reservation goes (an H100 handed out `0x302000000`).
 const VA_BASE: u64 = 0x2_0000_0000;
@@ -153,7 +150,11 @@ impl RawDevice for SimDevice {
     }
 }
 
-/// Exact CUDA bookkeeping, no memory: see the [module docs](self).
+/// `SimBackend`: exact CUDA bookkeeping with no memory behind it.
+///
+/// Addresses are fake but realistic (reservations start at `0x2_0000_0000`, aligned to the
+/// granularity, one granule apart so that two reservations never look contiguous). Physical
+/// capacity is enforced exactly; events complete at once unless a test holds their stream.
 ///
 /// Cloning is cheap and shares the state, so a test can keep a clone to count calls and check
 /// for leaks while an allocator owns another.
@@ -217,4 +218,4 @@ impl Default for SimBackend {
 }
 
 forward_backend!(SimBackend);
-emulated_controls!(SimBackend);
+emulated_controls!(SimBackend, SimConfig);

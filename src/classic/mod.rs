@@ -107,6 +107,16 @@ impl<B: Backend> ClassicAllocator<B> {
     }
 }
 
+impl<B: Backend> std::fmt::Debug for ClassicAllocator<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let backend = self.state.lock().backend.name();
+        f.debug_struct("ClassicAllocator")
+            .field("backend", &backend)
+            .field("held_bytes", &self.held_bytes())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<B: Backend> Allocator for ClassicAllocator<B> {
     fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError> {
         self.state.lock().malloc(size, stream)

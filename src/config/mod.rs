@@ -1,20 +1,21 @@
-//! Allocator configuration: [`Config`], its PyTorch-faithful preset, and PyTorch's
+//! Allocator configuration: [`ExpandableConfig`], its PyTorch-faithful preset, and PyTorch's
 //! `PYTORCH_CUDA_ALLOC_CONF` grammar.
 
 mod alloc_conf;
 mod round;
 
 pub use alloc_conf::{parse_alloc_conf, AllocConf, ConfigError, ROUNDUP_INTERVALS};
-pub use round::{
-    divisions_for, get_allocation_size, round_size, roundup_power2_next_division, MIN_BLOCK_SIZE,
-    MIN_LARGE_ALLOC, ONE_EXA_BYTES, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
+#[allow(unused_imports)] // the allocators name them through `round::`
+pub(crate) use round::{
+    divisions_for, roundup_power2_next_division, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER,
 };
+pub use round::{get_allocation_size, round_size, MIN_BLOCK_SIZE, ONE_EXA_BYTES, SMALL_SIZE};
 
 /// How an [`ExpandableAllocator`](crate::ExpandableAllocator) behaves. Each improvement over
 /// PyTorch's expandable segments is a switch, so its gain can be measured against
-/// [`Config::pytorch_expandable`].
+/// [`ExpandableConfig::pytorch_expandable`].
 #[derive(Clone, Debug, PartialEq)]
-pub struct Config {
+pub struct ExpandableConfig {
     /// Page size of small-pool segments (requests ≤ 1 MiB): each page is one physical handle.
     /// Rounded up to the backend's granularity. Default 2 MiB, as PyTorch.
     pub small_page: usize,
@@ -62,7 +63,7 @@ pub struct Config {
     pub max_non_split_rounding: usize,
 }
 
-impl Default for Config {
+impl Default for ExpandableConfig {
     fn default() -> Self {
         Self {
             small_page: SMALL_BUFFER,
@@ -82,7 +83,7 @@ impl Default for Config {
     }
 }
 
-impl Config {
+impl ExpandableConfig {
     /// PyTorch's expandable-segments policy, for side-by-side measurement: 2 MiB small pages,
     /// 20 MiB large pages, no handle reuse (every unmap releases, every map creates), no remap
     /// (under pressure unmap every free page, then retry), a stream synchronization before every
@@ -101,7 +102,7 @@ impl Config {
     /// Applies the settings of a `PYTORCH_CUDA_ALLOC_CONF` string on top of `self`: only the
     /// fields the string mentions change (unlike PyTorch's runtime `_set_allocator_settings`,
     /// which resets `max_split_size_mb`, `roundup_power2_divisions` and
-    /// `garbage_collection_threshold` when absent; a `Config` is built up from explicit values,
+    /// `garbage_collection_threshold` when absent; a `ExpandableConfig` is built up from explicit values,
     /// so an absent key keeps the value already there).
     ///
     /// * `large_segment_size_mb` sets [`large_page`](Self::large_page) and, as in PyTorch, also
@@ -119,12 +120,12 @@ impl Config {
     /// `large_segment_size_mb` (20 when absent), as PyTorch does.
     ///
     /// ```
-    /// use vmm_alloc::config::Config;
-    /// let c = Config::default().with_alloc_conf("roundup_power2_divisions:4,large_segment_size_mb:64").unwrap();
+    /// use vmm_alloc::config::ExpandableConfig;
+    /// let c = ExpandableConfig::default().with_alloc_conf("roundup_power2_divisions:4,large_segment_size_mb:64").unwrap();
     /// assert_eq!(c.large_page, 64 << 20);
-    /// let d = Config { memory_fraction: 0.5, ..Config::default() }.with_alloc_conf("max_split_size_mb:128").unwrap();
+    /// let d = ExpandableConfig { memory_fraction: 0.5, ..ExpandableConfig::default() }.with_alloc_conf("max_split_size_mb:128").unwrap();
     /// assert_eq!((d.memory_fraction, d.max_split_size), (0.5, Some(128 << 20)));
-    /// assert!(Config::default().with_alloc_conf("max_split_size_mb:2").is_err());
+    /// assert!(ExpandableConfig::default().with_alloc_conf("max_split_size_mb:2").is_err());
     /// ```
     pub fn with_alloc_conf(mut self, conf: &str) -> Result<Self, ConfigError> {
         let parsed = parse_alloc_conf(conf)?;

@@ -8,16 +8,16 @@ pub const MIN_BLOCK_SIZE: usize = 512;
 /// `kSmallSize`: the largest "small" request (≤ is small).
 pub const SMALL_SIZE: usize = 1 << 20;
 /// `kSmallBuffer`: small requests are packed into 2 MiB segments.
-pub const SMALL_BUFFER: usize = 2 << 20;
+pub(crate) const SMALL_BUFFER: usize = 2 << 20;
 /// `kMinLargeAlloc`: requests below 10 MiB may share a `large_segment_size` segment.
-pub const MIN_LARGE_ALLOC: usize = 10 << 20;
+pub(crate) const MIN_LARGE_ALLOC: usize = 10 << 20;
 /// `kRoundLarge`: larger segments are rounded to 2 MiB.
-pub const ROUND_LARGE: usize = 2 << 20;
+pub(crate) const ROUND_LARGE: usize = 2 << 20;
 /// PyTorch's guard: requests above 1 EB fail before anything else is tried.
 pub const ONE_EXA_BYTES: usize = 1 << 60;
 
 /// `roundup_power2_divisions(size)`: the divisions configured for `size`'s interval.
-pub fn divisions_for(size: usize, divisions: &[usize; ROUNDUP_INTERVALS]) -> usize {
+pub(crate) fn divisions_for(size: usize, divisions: &[usize; ROUNDUP_INTERVALS]) -> usize {
     let log = if size == 0 { 0 } else { size.ilog2() as usize };
     let index = log.saturating_sub(20).min(ROUNDUP_INTERVALS - 1);
     divisions[index]
@@ -25,7 +25,7 @@ pub fn divisions_for(size: usize, divisions: &[usize; ROUNDUP_INTERVALS]) -> usi
 
 /// `roundup_power2_next_division(size, divisions)`: `size` rounded up to the next of `divisions`
 /// equal steps between two powers of two. `None` on overflow.
-pub fn roundup_power2_next_division(size: usize, divisions: usize) -> Option<usize> {
+pub(crate) fn roundup_power2_next_division(size: usize, divisions: usize) -> Option<usize> {
     if size.is_power_of_two() {
         return Some(size);
     }

@@ -4,7 +4,7 @@
 //! (Note \[Growth\] in `growth.rs`). Small requests (≤ 1 MiB) and large ones use separate segments,
 //! as in PyTorch. Freed blocks coalesce with free neighbours and are reused best-fit on their
 //! stream; memory used by other streams (`record_stream`) is reused only after their events
-//! complete. The improvements over PyTorch, each a [`Config`] switch: the handle cache
+//! complete. The improvements over PyTorch, each a [`ExpandableConfig`] switch: the handle cache
 //! (Note \[Handle cache\]), remap-defrag (Note \[Remap\]), one set-access call per mapped run, exact
 //! rollback of a failed growth, and `max_split_size` not applied to expandable blocks.
 
@@ -25,7 +25,7 @@ use crate::sync::Mutex;
 
 use crate::allocator::{Allocation, Allocator};
 use crate::backend::{Backend, StreamId};
-use crate::config::Config;
+use crate::config::ExpandableConfig;
 use crate::error::AllocError;
 use crate::snapshot::Snapshot;
 use crate::stats::MemoryStats;
@@ -37,8 +37,8 @@ use state::State;
 ///
 /// ```
 /// use vmm_alloc::{Allocator, ExpandableAllocator, SimBackend, StreamId};
-/// use vmm_alloc::config::Config;
-/// let alloc = ExpandableAllocator::new(SimBackend::new(), Config::default()).unwrap();
+/// use vmm_alloc::config::ExpandableConfig;
+/// let alloc = ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
 /// let a = alloc.allocate(3 << 20, StreamId::DEFAULT).unwrap();
 /// assert!(a.size() >= 3 << 20);
 /// assert_eq!(alloc.stats().reserved_bytes.all.current, 20 << 20); // one 20 MiB page
@@ -52,14 +52,14 @@ pub struct ExpandableAllocator<B: Backend> {
 
 impl<B: Backend> ExpandableAllocator<B> {
     /// An allocator over `backend` with `config` (validated).
-    pub fn new(backend: B, config: Config) -> Result<Self, AllocError> {
+    pub fn new(backend: B, config: ExpandableConfig) -> Result<Self, AllocError> {
         Ok(Self {
             state: Mutex::new(State::new(backend, config)?),
         })
     }
 
     /// The configuration in force.
-    pub fn config(&self) -> Config {
+    pub fn config(&self) -> ExpandableConfig {
         self.state.lock().config.clone()
     }
 
@@ -73,6 +73,16 @@ impl<B: Backend> ExpandableAllocator<B> {
     /// violation. Walks the whole state: for tests and debugging.
     pub fn check_invariants(&self) -> Result<(), String> {
         self.state.lock().check()
+    }
+}
+
+impl<B: Backend> std::fmt::Debug for ExpandableAllocator<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let backend = self.state.lock().backend.name();
+        f.debug_struct("ExpandableAllocator")
+            .field("backend", &backend)
+            .field("held_bytes", &self.held_bytes())
+            .finish_non_exhaustive()
     }
 }
 

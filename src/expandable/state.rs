@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use rustc_hash::FxHashMap;
 
 use crate::backend::{Access, Backend, CallKind, EventId, PhysHandle, StreamId};
-use crate::config::{round_size, Config, ConfigError, ONE_EXA_BYTES, SMALL_SIZE};
+use crate::config::{round_size, ConfigError, ExpandableConfig, ONE_EXA_BYTES, SMALL_SIZE};
 use crate::error::{AllocError, BackendError, OomReport};
 use crate::expandable::growth::Abandoned;
 use crate::expandable::handle_cache::HandleCache;
@@ -57,7 +57,7 @@ pub(crate) fn track<T>(
 
 pub(crate) struct State<B: Backend> {
     pub(crate) backend: B,
-    pub(crate) config: Config,
+    pub(crate) config: ExpandableConfig,
     pub(crate) granularity: usize,
     pub(crate) device_total: usize,
     /// `per_process_memory_fraction × device_total`: physical bytes we may hold.
@@ -86,7 +86,7 @@ pub(crate) struct State<B: Backend> {
 }
 
 impl<B: Backend> State<B> {
-    pub(crate) fn new(backend: B, config: Config) -> Result<Self, AllocError> {
+    pub(crate) fn new(backend: B, config: ExpandableConfig) -> Result<Self, AllocError> {
         config.validate()?;
         let granularity = backend.granularity();
         let info = backend.mem_info()?;

@@ -5,6 +5,7 @@
 use vmm_alloc::backend::{Backend, SimBackend, SimConfig};
 use vmm_alloc::classic::ClassicAllocator;
 use vmm_alloc::snapshot::BlockState;
+use vmm_alloc::testkit::EmulatedBackend;
 use vmm_alloc::{AllocError, Allocator, StreamId};
 
 const MB: usize = 1 << 20;

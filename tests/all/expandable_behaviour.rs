@@ -1,7 +1,8 @@
 //! Deterministic tests of the expandable allocator's behaviour.
 
 use vmm_alloc::backend::{Backend, CallKind, SimBackend, SimConfig};
-use vmm_alloc::config::Config;
+use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::testkit::EmulatedBackend;
 use vmm_alloc::{AllocError, Allocator, ExpandableAllocator, StreamId};
 
 const MB: usize = 1 << 20;
@@ -17,7 +18,7 @@ fn sim(capacity: usize) -> SimBackend {
 
 #[test]
 fn rounds_like_pytorch_and_splits_pools() {
-    let alloc = ExpandableAllocator::new(sim(1 << 30), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(sim(1 << 30), ExpandableConfig::default()).unwrap();
     let a = alloc.allocate(1, S0).unwrap();
     assert_eq!(a.size(), 512);
     let b = alloc.allocate(1000, S0).unwrap();
@@ -48,7 +49,7 @@ fn rounds_like_pytorch_and_splits_pools() {
 #[test]
 fn growth_is_contiguous_and_sets_access_once_per_run() {
     let backend = sim(4 << 30);
-    let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(backend.clone(), ExpandableConfig::default()).unwrap();
     let a = alloc.allocate(100 * MB, S0).unwrap();
     let b = alloc.allocate(100 * MB, S0).unwrap();
     assert_eq!(
@@ -70,7 +71,7 @@ fn growth_is_contiguous_and_sets_access_once_per_run() {
 
 #[test]
 fn oom_message_and_state_after_oom() {
-    let alloc = ExpandableAllocator::new(sim(256 * MB), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(sim(256 * MB), ExpandableConfig::default()).unwrap();
     let keep = alloc.allocate(200 * MB, S0).unwrap();
     let err = alloc.allocate(200 * MB, S0).unwrap_err();
     let msg = err.to_string();
@@ -86,7 +87,7 @@ fn oom_message_and_state_after_oom() {
 
 #[test]
 fn huge_and_zero_sizes_are_errors() {
-    let alloc = ExpandableAllocator::new(sim(1 << 30), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(sim(1 << 30), ExpandableConfig::default()).unwrap();
     for size in [usize::MAX, usize::MAX - 511, 1 << 61] {
         assert!(
             matches!(alloc.allocate(size, S0), Err(AllocError::TooLarge { .. })),
@@ -104,7 +105,7 @@ fn huge_and_zero_sizes_are_errors() {
 
 #[test]
 fn bad_pointers_are_errors() {
-    let alloc = ExpandableAllocator::new(sim(1 << 30), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(sim(1 << 30), ExpandableConfig::default()).unwrap();
     let a = alloc.allocate(4096, S0).unwrap();
     let p = a.ptr();
     let interior = p.checked_add(512).unwrap();
@@ -127,7 +128,7 @@ fn bad_pointers_are_errors() {
 
 #[test]
 fn double_free_is_told_from_a_reused_address_after_many_frees() {
-    let alloc = ExpandableAllocator::new(sim(1 << 30), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(sim(1 << 30), ExpandableConfig::default()).unwrap();
     // The same address freed, reused and freed again thousands of times: each second free is a
     // double free, and a live reuse of the address is never mistaken for one.
     for _ in 0..10_000 {
@@ -162,7 +163,7 @@ fn double_free_is_told_from_a_reused_address_after_many_frees() {
 
 #[test]
 fn remap_synchronizes_a_stream_only_after_a_free_on_it() {
-    let alloc = ExpandableAllocator::new(sim(100 * MB), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(sim(100 * MB), ExpandableConfig::default()).unwrap();
     let other = StreamId::sim(9);
     let syncs = || alloc.stats().calls.calls(CallKind::Synchronize);
     // Five 20 MiB pages on the default stream fill the device.
@@ -195,10 +196,10 @@ fn remap_synchronizes_a_stream_only_after_a_free_on_it() {
     alloc.check_invariants().unwrap();
 
     // PyTorch's policy synchronizes before every unmap, quiet or not.
-    let faithful = Config {
+    let faithful = ExpandableConfig {
         remap_defrag: true,
         handle_cache: true,
-        ..Config::pytorch_expandable()
+        ..ExpandableConfig::pytorch_expandable()
     };
     let alloc = ExpandableAllocator::new(sim(100 * MB), faithful).unwrap();
     let mut blocks: Vec<_> = (0..5)
@@ -217,7 +218,7 @@ fn remap_synchronizes_a_stream_only_after_a_free_on_it() {
 #[test]
 fn record_stream_blocks_reuse_until_the_event_completes() {
     let backend = sim(1 << 30);
-    let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(backend.clone(), ExpandableConfig::default()).unwrap();
     let side = StreamId::sim(7);
     backend.hold_stream(side);
     let a = alloc.allocate(MB, S0).unwrap();
@@ -246,7 +247,7 @@ fn record_stream_blocks_reuse_until_the_event_completes() {
 #[test]
 fn a_stuck_stream_does_not_block_another_streams_reuse() {
     let backend = sim(1 << 30);
-    let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(backend.clone(), ExpandableConfig::default()).unwrap();
     let stuck = StreamId::sim(9);
     backend.hold_stream(stuck);
     let a = alloc.allocate(MB, S0).unwrap();
@@ -263,7 +264,7 @@ fn a_stuck_stream_does_not_block_another_streams_reuse() {
 #[test]
 fn pending_frees_are_reclaimed_before_oom() {
     let backend = sim(64 * MB);
-    let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(backend.clone(), ExpandableConfig::default()).unwrap();
     let side = StreamId::sim(3);
     backend.hold_stream(side);
     let a = alloc.allocate(40 * MB, S0).unwrap();
@@ -279,9 +280,9 @@ fn pending_frees_are_reclaimed_before_oom() {
 fn handle_cache_reuses_handles_and_remap_moves_free_pages() {
     // Small pages everywhere so that interior pages can be harvested.
     let backend = sim(64 * MB);
-    let config = Config {
+    let config = ExpandableConfig {
         large_page: 2 * MB,
-        ..Config::default()
+        ..ExpandableConfig::default()
     };
     let alloc = ExpandableAllocator::new(backend.clone(), config).unwrap();
     // Fill the device with 2 MiB blocks on stream 0, then free every other one: 32 MiB free in holes.
@@ -325,9 +326,9 @@ fn handle_cache_reuses_handles_and_remap_moves_free_pages() {
 #[test]
 fn pytorch_policy_recreates_where_ours_remaps() {
     let backend = sim(64 * MB);
-    let config = Config {
+    let config = ExpandableConfig {
         large_page: 2 * MB,
-        ..Config::pytorch_expandable()
+        ..ExpandableConfig::pytorch_expandable()
     };
     let alloc = ExpandableAllocator::new(backend.clone(), config).unwrap();
     let blocks: Vec<_> = (0..32)
@@ -362,7 +363,7 @@ fn pytorch_policy_recreates_where_ours_remaps() {
 fn empty_cache_returns_everything_and_drop_leaves_nothing() {
     let backend = sim(1 << 30);
     {
-        let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+        let alloc = ExpandableAllocator::new(backend.clone(), ExpandableConfig::default()).unwrap();
         let a = alloc.allocate(30 * MB, S0).unwrap();
         let b = alloc.allocate(1000, StreamId::sim(2)).unwrap();
         alloc.deallocate(a).unwrap();
@@ -388,8 +389,9 @@ fn empty_cache_returns_everything_and_drop_leaves_nothing() {
 #[test]
 fn threads_share_one_allocator() {
     let backend = sim(2 << 30);
-    let alloc =
-        std::sync::Arc::new(ExpandableAllocator::new(backend.clone(), Config::default()).unwrap());
+    let alloc = std::sync::Arc::new(
+        ExpandableAllocator::new(backend.clone(), ExpandableConfig::default()).unwrap(),
+    );
     let workers: Vec<_> = (0..4u64)
         .map(|t| {
             let alloc = alloc.clone();

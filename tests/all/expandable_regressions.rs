@@ -1,10 +1,8 @@
 //! Regression tests that pin exact figures and addresses, each able to fail on the bug it names.
 
-#[path = "expandable_rollback.rs"]
-mod rollback;
-
 use vmm_alloc::backend::{Backend, SimBackend, SimConfig};
-use vmm_alloc::config::Config;
+use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::testkit::EmulatedBackend;
 use vmm_alloc::{AllocError, Allocator, ExpandableAllocator, StreamId};
 
 const MB: usize = 1 << 20;
@@ -23,7 +21,7 @@ pub(super) fn sim(capacity: usize) -> SimBackend {
 #[test]
 fn a_stuck_event_does_not_block_later_pending_frees() {
     let backend = sim(1 << 30);
-    let alloc = ExpandableAllocator::new(backend.clone(), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(backend.clone(), ExpandableConfig::default()).unwrap();
     let (s1, s2, stuck) = (StreamId::sim(1), StreamId::sim(2), StreamId::sim(9));
     backend.hold_stream(stuck);
     let a = alloc.allocate(MB, s1).unwrap();
@@ -48,7 +46,7 @@ fn a_stuck_event_does_not_block_later_pending_frees() {
 /// The OOM report carries the right figures, not just the right words.
 #[test]
 fn oom_report_figures_are_exact() {
-    let alloc = ExpandableAllocator::new(sim(256 * MB), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(sim(256 * MB), ExpandableConfig::default()).unwrap();
     // 150 MiB live in eight 20 MiB pages: 160 MiB reserved, 10 MiB of it unallocated.
     let keep = alloc.allocate(150 * MB, S0).unwrap();
     let err = alloc.allocate(120 * MB, S0).unwrap_err();
@@ -80,9 +78,9 @@ fn oom_report_figures_are_exact() {
 /// Growth maps the lowest unmapped gap that fits, not the end of the segment nor a higher gap.
 #[test]
 fn growth_maps_the_lowest_interior_gap() {
-    let config = Config {
+    let config = ExpandableConfig {
         large_page: 2 * MB,
-        ..Config::default()
+        ..ExpandableConfig::default()
     };
     let alloc = ExpandableAllocator::new(sim(1 << 30), config).unwrap();
     let pages: Vec<_> = (0..5)
@@ -120,7 +118,7 @@ fn growth_maps_the_lowest_interior_gap() {
 fn pytorch_123548_reserved_grows_only_with_the_faithful_oversize_rules() {
     let conf = "max_split_size_mb:128";
     let cycles = 40;
-    let run = |config: Config| {
+    let run = |config: ExpandableConfig| {
         let alloc =
             ExpandableAllocator::new(sim(16 << 30), config.with_alloc_conf(conf).unwrap()).unwrap();
         let mut reserved = Vec::new();
@@ -136,8 +134,8 @@ fn pytorch_123548_reserved_grows_only_with_the_faithful_oversize_rules() {
         assert_eq!(alloc.stats().num_alloc_retries, 0, "no memory pressure");
         reserved
     };
-    let theirs = run(Config::pytorch_expandable());
-    let ours = run(Config::default());
+    let theirs = run(ExpandableConfig::pytorch_expandable());
+    let ours = run(ExpandableConfig::default());
     let growth = |r: &[u64]| (r[cycles - 1] - r[9]) / (cycles as u64 - 10);
     // The issue measured ~138 MiB a cycle: the freed 136.5 MiB stays stranded every time.
     assert!(
@@ -160,12 +158,12 @@ fn pytorch_123548_reserved_grows_only_with_the_faithful_oversize_rules() {
 fn the_oom_retry_leaves_no_handle_cached_beyond_the_bound() {
     for (handle_cache, limit) in [(true, 0), (true, 8 * MB), (false, 64 * MB)] {
         let backend = sim(64 * MB);
-        let config = Config {
+        let config = ExpandableConfig {
             large_page: 2 * MB,
             remap_defrag: false,
             handle_cache,
             handle_cache_limit: limit,
-            ..Config::default()
+            ..ExpandableConfig::default()
         };
         let alloc = ExpandableAllocator::new(backend.clone(), config).unwrap();
         // Stream 1 maps all 64 MiB and frees it; stream 0 then needs 4 MiB: create fails, the
@@ -194,9 +192,9 @@ fn the_oom_retry_leaves_no_handle_cached_beyond_the_bound() {
 #[test]
 fn remap_leaves_no_handle_cached_without_the_cache() {
     let backend = sim(64 * MB);
-    let config = Config {
+    let config = ExpandableConfig {
         handle_cache: false,
-        ..Config::default()
+        ..ExpandableConfig::default()
     };
     let alloc = ExpandableAllocator::new(backend.clone(), config).unwrap();
     // Stream 1 holds three 20 MiB pages, frees them; stream 0's 20 MiB growth harvests one.

@@ -3,14 +3,14 @@
 //! segment, into an existing one, with handles taken from the handle cache, and when the
 //! rollback's own unmap fails.
 
-use vmm_alloc::backend::{
-    Backend, CallKind, FaultError, FaultPlan, LiveResources, SimBackend, Trigger,
-};
-use vmm_alloc::config::Config;
+use vmm_alloc::backend::{Backend, CallKind, LiveResources, SimBackend};
+use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::snapshot::Snapshot;
+use vmm_alloc::testkit::EmulatedBackend;
+use vmm_alloc::testkit::{FaultError, FaultPlan, Trigger};
 use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, StreamId};
 
-use super::sim;
+use crate::expandable_regressions::sim;
 
 const MB: usize = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
@@ -36,10 +36,10 @@ struct Setup {
 
 fn setup(start: Start) -> Setup {
     let backend = sim(1 << 30);
-    let config = Config {
+    let config = ExpandableConfig {
         large_page: 2 * MB,
         handle_cache_limit: 6 * MB,
-        ..Config::default()
+        ..ExpandableConfig::default()
     };
     let alloc = ExpandableAllocator::new(backend.clone(), config).unwrap();
     let mut kept = Vec::new();

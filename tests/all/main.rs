@@ -4,5 +4,6 @@ mod classic_behaviour;
 mod classic_model;
 mod expandable_behaviour;
 mod expandable_regressions;
+mod expandable_rollback;
 mod model;
 mod pytorch_parity;

@@ -3,7 +3,7 @@
 
 use vmm_alloc::backend::{SimBackend, SimConfig};
 use vmm_alloc::config::{
-    get_allocation_size, parse_alloc_conf, round_size, Config, ROUNDUP_INTERVALS,
+    get_allocation_size, parse_alloc_conf, round_size, ExpandableConfig, ROUNDUP_INTERVALS,
 };
 use vmm_alloc::{AllocError, Allocator, ExpandableAllocator, StreamId};
 
@@ -158,7 +158,7 @@ fn config_accepts_what_pytorch_accepts() {
 #[test]
 fn stats_deltas_of_a_small_allocation() {
     // test_memory_stats: 256 floats add exactly 1024 to active_bytes; freed after del + empty_cache.
-    let alloc = ExpandableAllocator::new(SimBackend::new(), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
     let a = alloc.allocate(1024, StreamId::DEFAULT).unwrap();
     assert_eq!(alloc.stats().active_bytes.all.current, 1024);
     assert_eq!(alloc.stats().requested_bytes.all.current, 1024);
@@ -176,7 +176,7 @@ fn stats_deltas_of_a_small_allocation() {
 
 #[test]
 fn more_than_one_exabyte() {
-    let alloc = ExpandableAllocator::new(SimBackend::new(), Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
     let err = alloc.allocate(1 << 61, StreamId::DEFAULT).unwrap_err();
     assert!(matches!(err, AllocError::TooLarge { .. }));
     assert_eq!(
@@ -193,7 +193,7 @@ fn out_of_memory_retry_after_free() {
         ..SimConfig::default()
     })
     .unwrap();
-    let alloc = ExpandableAllocator::new(sim, Config::default()).unwrap();
+    let alloc = ExpandableAllocator::new(sim, ExpandableConfig::default()).unwrap();
     let a = alloc.allocate(600 * MB, StreamId::DEFAULT).unwrap();
     assert!(alloc
         .allocate(600 * MB, StreamId::DEFAULT)
@@ -212,9 +212,9 @@ fn memory_fraction_limits_the_allocator() {
         ..SimConfig::default()
     })
     .unwrap();
-    let config = Config {
+    let config = ExpandableConfig {
         large_page: 2 * MB,
-        ..Config::default()
+        ..ExpandableConfig::default()
     }
     .with_alloc_conf("per_process_memory_fraction:0.1,max_split_size_mb:40")
     .unwrap();
@@ -238,13 +238,13 @@ fn memory_fraction_limits_the_allocator() {
 /// `with_alloc_conf` changes only what the string mentions.
 #[test]
 fn alloc_conf_changes_only_the_keys_given() {
-    let base = Config {
+    let base = ExpandableConfig {
         large_page: 64 * MB,
         memory_fraction: 0.5,
         max_non_split_rounding: 64 * MB,
         roundup_power2_divisions: [4; vmm_alloc::config::ROUNDUP_INTERVALS],
         max_split_size: Some(256 * MB),
-        ..Config::default()
+        ..ExpandableConfig::default()
     };
     let same = base
         .clone()
@@ -257,7 +257,7 @@ fn alloc_conf_changes_only_the_keys_given() {
         .unwrap();
     assert_eq!(
         c,
-        Config {
+        ExpandableConfig {
             max_split_size: Some(128 * MB),
             ..base.clone()
         }
@@ -289,9 +289,9 @@ fn peers_must_exist() {
         })
         .unwrap()
     };
-    let with_peers = |peers: Vec<u32>| Config {
+    let with_peers = |peers: Vec<u32>| ExpandableConfig {
         peers,
-        ..Config::default()
+        ..ExpandableConfig::default()
     };
     assert!(ExpandableAllocator::new(two(), with_peers(vec![1])).is_ok());
     for peers in [vec![2], vec![1, 7], vec![u32::MAX]] {

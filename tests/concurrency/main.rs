@@ -1,6 +1,6 @@
 //! Multi-threaded stress of both allocators (issue 8, reliability): RMM's multi-thread and
 //! `AllocFreeDifferentThreads` tests, mimalloc's `test-stress` and PyTorch's multithread tests
-//! turned on `ExpandableAllocator` (`Config::default()`) and `ClassicAllocator`, each over Sim
+//! turned on `ExpandableAllocator` (`ExpandableConfig::default()`) and `ClassicAllocator`, each over Sim
 //! (no bytes, exact bookkeeping) and Host (real bytes).
 //!
 //! One run: four workers, each with its own stream, plus one stream they share. Each worker
@@ -44,13 +44,14 @@ use std::time::Instant;
 
 use vmm_alloc::backend::{HostBackend, SimBackend};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::{AllocConf, Config};
+use vmm_alloc::config::{AllocConf, ExpandableConfig};
 use vmm_alloc::{Allocator, ExpandableAllocator, StreamId};
 
 use checks::{check_snapshot, check_stats, Totals};
 use rng::Rng;
+use vmm_alloc::testkit::EmulatedBackend;
 use worker::{Shape, Worker};
-use world::{Emulated, World};
+use world::World;
 
 const WORKERS: usize = 4;
 const MB: usize = 1 << 20;
@@ -78,7 +79,7 @@ fn seed() -> u64 {
 
 /// One run of `seconds` on `alloc` over `backend` (`capacity` bytes); `invariants` is the
 /// allocator's own full check. Consumes the allocator: the end checks include its drop.
-fn stress<B: Emulated, A: Allocator>(
+fn stress<B: EmulatedBackend, A: Allocator>(
     name: &str,
     backend: B,
     capacity: usize,
@@ -244,9 +245,10 @@ fn classic_invariants<B: vmm_alloc::Backend>(a: &ClassicAllocator<B>) -> Result<
     check_snapshot(&a.snapshot()).map(|_| ())
 }
 
-fn expandable<B: Emulated>(capacity: usize, shape: Shape) {
-    let b = B::with_capacity(capacity);
-    let alloc = ExpandableAllocator::new(b.clone(), Config::default()).expect("allocator");
+fn expandable<B: EmulatedBackend>(capacity: usize, shape: Shape) {
+    let b = B::with_capacity(capacity).expect("emulated backend");
+    let alloc =
+        ExpandableAllocator::new(b.clone(), ExpandableConfig::default()).expect("allocator");
     stress(
         "expandable",
         b,
@@ -257,8 +259,8 @@ fn expandable<B: Emulated>(capacity: usize, shape: Shape) {
     );
 }
 
-fn classic<B: Emulated>(capacity: usize, shape: Shape) {
-    let b = B::with_capacity(capacity);
+fn classic<B: EmulatedBackend>(capacity: usize, shape: Shape) {
+    let b = B::with_capacity(capacity).expect("emulated backend");
     let alloc = ClassicAllocator::new(b.clone(), AllocConf::default()).expect("allocator");
     stress("classic", b, capacity, alloc, &classic_invariants, shape);
 }

@@ -9,10 +9,11 @@ use vmm_alloc::MemoryStats;
 
 use crate::checks::{check_snapshot, check_stats};
 use crate::rng::Rng;
-use crate::world::{Emulated, PanicFlag, World};
+use crate::world::{PanicFlag, World};
+use vmm_alloc::testkit::EmulatedBackend;
 
 /// Runs until the workers stop. `invariants` is the allocator's own full check (or nothing).
-pub fn maintenance<B: Emulated>(
+pub fn maintenance<B: EmulatedBackend>(
     w: &World<'_, B>,
     mut rng: Rng,
     capacity: usize,
@@ -54,7 +55,7 @@ pub fn maintenance<B: Emulated>(
 
 /// Holds and completes streams' work at random until every worker has finished, then completes
 /// everything.
-pub fn device<B: Emulated>(w: &World<'_, B>, mut rng: Rng) {
+pub fn device<B: EmulatedBackend>(w: &World<'_, B>, mut rng: Rng) {
     let _flag = PanicFlag(w);
     while w.workers_left.load(SeqCst) > 0 && !w.failed.load(SeqCst) {
         let s = w.streams[rng.below(w.streams.len() as u64) as usize];
@@ -71,7 +72,7 @@ pub fn device<B: Emulated>(w: &World<'_, B>, mut rng: Rng) {
 }
 
 /// Stops the run at the deadline, or earlier when a thread failed.
-pub fn clock<B: Emulated>(w: &World<'_, B>, seconds: f64) {
+pub fn clock<B: EmulatedBackend>(w: &World<'_, B>, seconds: f64) {
     let deadline = std::time::Instant::now() + Duration::from_secs_f64(seconds);
     while std::time::Instant::now() < deadline && !w.stopping() {
         std::thread::sleep(Duration::from_millis(5));

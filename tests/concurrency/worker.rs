@@ -8,7 +8,8 @@ use vmm_alloc::backend::EventId;
 use vmm_alloc::StreamId;
 
 use crate::rng::Rng;
-use crate::world::{Emulated, Held, PanicFlag, WorkerDone, World};
+use crate::world::{Held, PanicFlag, WorkerDone, World};
+use vmm_alloc::testkit::EmulatedBackend;
 
 /// A block allocated on `stream` by one worker, given to the next one to free. `event` was
 /// recorded on `stream` after the producer's use of it: the consumer waits for it, as a CUDA
@@ -27,7 +28,7 @@ pub struct Shape {
     pub sizes: &'static [(u64, usize, usize)],
 }
 
-pub struct Worker<'w, 'a, B: Emulated> {
+pub struct Worker<'w, 'a, B: EmulatedBackend> {
     pub world: &'w World<'a, B>,
     pub index: usize,
     pub rng: Rng,
@@ -36,7 +37,7 @@ pub struct Worker<'w, 'a, B: Emulated> {
     pub inbox: Receiver<Handoff>,
 }
 
-impl<B: Emulated> Worker<'_, '_, B> {
+impl<B: EmulatedBackend> Worker<'_, '_, B> {
     pub fn run(mut self) {
         let w = self.world;
         let _done = WorkerDone(w);
@@ -195,13 +196,13 @@ impl<B: Emulated> Worker<'_, '_, B> {
 }
 
 /// The consumer side, also used after the worker's own loop ended.
-struct Drain<'w, 'a, B: Emulated> {
+struct Drain<'w, 'a, B: EmulatedBackend> {
     world: &'w World<'a, B>,
     rng: Rng,
     index: usize,
 }
 
-impl<B: Emulated> Drain<'_, '_, B> {
+impl<B: EmulatedBackend> Drain<'_, '_, B> {
     /// Waits for the producer's event (synchronizing its stream if its work is held), then
     /// either frees the block at once or first uses it on the own stream B (new pattern,
     /// `record_stream(B)`), so the allocator must keep it until B's work is done.

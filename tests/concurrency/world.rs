@@ -15,51 +15,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Mutex, PoisonError};
 
-use vmm_alloc::backend::{Capabilities, HostBackend, HostConfig, SimBackend, SimConfig};
-use vmm_alloc::{AllocError, Allocation, Allocator, Backend, OomReport, StreamId};
-
-/// What the stress test needs from an emulated backend beyond [`Backend`]: the test controls of
-/// Sim and Host that make stream work pending and complete it.
-pub trait Emulated: Backend + Clone + 'static {
-    fn with_capacity(capacity: usize) -> Self;
-    fn hold(&self, stream: StreamId);
-    fn unhold(&self, stream: StreamId);
-    fn generation(&self, stream: StreamId) -> u64;
-}
-
-macro_rules! emulated {
-    ($ty:ty, $make:expr) => {
-        impl Emulated for $ty {
-            fn with_capacity(capacity: usize) -> Self {
-                $make(capacity)
-            }
-            fn hold(&self, stream: StreamId) {
-                self.hold_stream(stream)
-            }
-            fn unhold(&self, stream: StreamId) {
-                self.release_stream(stream)
-            }
-            fn generation(&self, stream: StreamId) -> u64 {
-                self.stream_generation(stream)
-            }
-        }
-    };
-}
-
-emulated!(SimBackend, |capacity| {
-    SimBackend::with_config(SimConfig {
-        capacity,
-        ..SimConfig::default()
-    })
-    .expect("sim backend")
-});
-emulated!(HostBackend, |capacity| {
-    HostBackend::with_config(HostConfig {
-        capacity,
-        ..HostConfig::default()
-    })
-    .expect("host backend")
-});
+use vmm_alloc::backend::Capabilities;
+use vmm_alloc::testkit::EmulatedBackend;
+use vmm_alloc::{AllocError, Allocation, Allocator, OomReport, StreamId};
 
 /// Counters of one run, shared by all threads.
 #[derive(Default)]
@@ -118,7 +76,7 @@ struct PendingUse {
     uid: u64,
 }
 
-pub struct World<'a, B: Emulated> {
+pub struct World<'a, B: EmulatedBackend> {
     pub name: String,
     pub backend: B,
     pub alloc: &'a dyn Allocator,
@@ -141,9 +99,9 @@ pub struct World<'a, B: Emulated> {
 }
 
 /// Counts a worker out when it ends, normally or by a panic.
-pub struct WorkerDone<'w, 'a, B: Emulated>(pub &'w World<'a, B>);
+pub struct WorkerDone<'w, 'a, B: EmulatedBackend>(pub &'w World<'a, B>);
 
-impl<B: Emulated> Drop for WorkerDone<'_, '_, B> {
+impl<B: EmulatedBackend> Drop for WorkerDone<'_, '_, B> {
     fn drop(&mut self) {
         self.0.workers_left.fetch_sub(1, SeqCst);
     }
@@ -151,9 +109,9 @@ impl<B: Emulated> Drop for WorkerDone<'_, '_, B> {
 
 /// Sets `failed` and `stop` if the thread that owns it panics, so the other threads wind down
 /// instead of running to the deadline.
-pub struct PanicFlag<'w, 'a, B: Emulated>(pub &'w World<'a, B>);
+pub struct PanicFlag<'w, 'a, B: EmulatedBackend>(pub &'w World<'a, B>);
 
-impl<B: Emulated> Drop for PanicFlag<'_, '_, B> {
+impl<B: EmulatedBackend> Drop for PanicFlag<'_, '_, B> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.0.failed.store(true, SeqCst);
@@ -162,7 +120,7 @@ impl<B: Emulated> Drop for PanicFlag<'_, '_, B> {
     }
 }
 
-impl<'a, B: Emulated> World<'a, B> {
+impl<'a, B: EmulatedBackend> World<'a, B> {
     pub fn new(name: String, backend: B, alloc: &'a dyn Allocator, streams: Vec<StreamId>) -> Self {
         let bytes = backend.capabilities().contains(Capabilities::BYTES);
         Self {
@@ -202,12 +160,12 @@ impl<'a, B: Emulated> World<'a, B> {
     pub fn set_held(&self, stream: StreamId, hold: bool) {
         let flag = &self.held[self.stream_index(stream)];
         if hold {
-            self.backend.hold(stream);
+            self.backend.hold_stream(stream);
             flag.store(true, SeqCst);
             self.n.holds.fetch_add(1, Relaxed);
         } else {
             flag.store(false, SeqCst);
-            self.backend.unhold(stream);
+            self.backend.release_stream(stream);
         }
     }
 
@@ -264,7 +222,7 @@ impl<'a, B: Emulated> World<'a, B> {
     /// pending work, and that work has not completed since.
     fn check_not_pending(&self, start: u64, end: u64, uid: u64) {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        pending.retain(|p| self.backend.generation(p.stream) == p.generation);
+        pending.retain(|p| self.backend.stream_generation(p.stream) == p.generation);
         self.n.pending_checked.fetch_add(1, Relaxed);
         if let Some(p) = pending.iter().find(|p| p.start < end && start < p.end) {
             panic!(
@@ -293,7 +251,7 @@ impl<'a, B: Emulated> World<'a, B> {
         // until that work completes. The generation is read before the flag: if the flag still
         // says held, no completion happened in between (see `set_held`).
         for &s in h.uses.iter().filter(|&&s| s != h.a.stream()) {
-            let generation = self.backend.generation(s);
+            let generation = self.backend.stream_generation(s);
             if self.is_held(s) {
                 self.pending
                     .lock()

@@ -2,7 +2,8 @@
 //! test-held events. Both implement them the same way, so both run these.
 
 use libtest_mimic::Failed;
-use vmm_alloc::backend::{CallKind, CallKinds, FaultError, FaultPlan, MemInfo, StreamId, Trigger};
+use vmm_alloc::backend::{CallKind, CallKinds, MemInfo, StreamId};
+use vmm_alloc::testkit::{FaultError, FaultPlan, Trigger};
 use vmm_alloc::BackendErrorKind as E;
 
 use crate::support::{addr, rw, Case, Emulated, TestResult};
@@ -27,7 +28,7 @@ pub fn cases<B: Emulated>() -> Vec<Case<B>> {
 }
 
 fn capacity_enforced_with_out_of_memory<B: Emulated>(_: &B) -> TestResult {
-    let b = ok!(B::with_capacity(4));
+    let b = ok!(B::with_granules(4));
     let g = b.granularity();
     let total = 4 * g;
     ensure_eq!(

@@ -5,9 +5,9 @@ use std::fmt::Debug;
 
 use libtest_mimic::Failed;
 use vmm_alloc::backend::{
-    Access, Backend, CallKind, EventId, FaultPlan, HostBackend, HostConfig, PhysHandle, SimBackend,
-    SimConfig, StreamId,
+    Access, Backend, CallKind, EventId, HostBackend, PhysHandle, SimBackend, StreamId,
 };
+use vmm_alloc::testkit::EmulatedBackend;
 use vmm_alloc::{BackendError, DevAddr, VaRange};
 
 /// What a case returns.
@@ -233,76 +233,25 @@ pub fn foreign_event<B: Backend + ?Sized>(b: &B) -> Result<EventId, Failed> {
     Ok(last.expect("at least one event is recorded"))
 }
 
-/// The extras of the emulated backends (Sim and Host): fault plans and test-controlled events.
-pub trait Emulated: Subject {
+/// The emulated backends (Sim and Host), with the test kit's controls: fault plans and
+/// test-controlled events.
+pub trait Emulated: Subject + EmulatedBackend {
     /// A new backend of this kind with its default settings.
     fn fresh() -> Result<Self, BackendError>;
     /// A new backend of this kind with room for `granules` granules of physical memory.
-    fn with_capacity(granules: usize) -> Result<Self, BackendError>;
-    fn set_faults(&self, plan: FaultPlan);
-    fn clear_faults(&self) -> u64;
-    fn faults_fired(&self) -> u64;
-    fn hold_stream(&self, stream: StreamId);
-    fn release_stream(&self, stream: StreamId);
-    fn complete_event(&self, event: EventId) -> bool;
-    fn pending_events(&self, stream: StreamId) -> usize;
-    fn stream_generation(&self, stream: StreamId) -> u64;
-}
-
-/// Implements [`Emulated`]'s forwarding methods for a backend type with those inherent methods.
-macro_rules! forward_emulated {
-    ($ty:ty) => {
-        fn set_faults(&self, plan: FaultPlan) {
-            <$ty>::set_faults(self, plan);
-        }
-        fn clear_faults(&self) -> u64 {
-            <$ty>::clear_faults(self)
-        }
-        fn faults_fired(&self) -> u64 {
-            <$ty>::faults_fired(self)
-        }
-        fn hold_stream(&self, stream: StreamId) {
-            <$ty>::hold_stream(self, stream);
-        }
-        fn release_stream(&self, stream: StreamId) {
-            <$ty>::release_stream(self, stream);
-        }
-        fn complete_event(&self, event: EventId) -> bool {
-            <$ty>::complete_event(self, event)
-        }
-        fn pending_events(&self, stream: StreamId) -> usize {
-            <$ty>::pending_events(self, stream)
-        }
-        fn stream_generation(&self, stream: StreamId) -> u64 {
-            <$ty>::stream_generation(self, stream)
-        }
-    };
+    fn with_granules(granules: usize) -> Result<Self, BackendError> {
+        Self::with_capacity(granules * (2 << 20))
+    }
 }
 
 impl Emulated for SimBackend {
     fn fresh() -> Result<Self, BackendError> {
         Ok(SimBackend::new())
     }
-    fn with_capacity(granules: usize) -> Result<Self, BackendError> {
-        let d = SimConfig::default();
-        SimBackend::with_config(SimConfig {
-            capacity: granules * d.granularity,
-            ..d
-        })
-    }
-    forward_emulated!(SimBackend);
 }
 
 impl Emulated for HostBackend {
     fn fresh() -> Result<Self, BackendError> {
         HostBackend::new()
     }
-    fn with_capacity(granules: usize) -> Result<Self, BackendError> {
-        let d = HostConfig::default();
-        HostBackend::with_config(HostConfig {
-            capacity: granules * d.granularity,
-            ..d
-        })
-    }
-    forward_emulated!(HostBackend);
 }

@@ -1,9 +1,9 @@
 //! Regressions for the classic-allocator bugs the sweeps found (fixed in `src/classic/`).
 
-use vmm_alloc::backend::{
-    Backend, CallKind, FaultError, FaultPlan, SimBackend, SimConfig, Trigger,
-};
+use vmm_alloc::backend::{Backend, CallKind, SimBackend, SimConfig};
 use vmm_alloc::classic::ClassicAllocator;
+use vmm_alloc::testkit::EmulatedBackend;
+use vmm_alloc::testkit::{FaultError, FaultPlan, Trigger};
 use vmm_alloc::{Allocator, StreamId};
 
 const MB: usize = 1 << 20;

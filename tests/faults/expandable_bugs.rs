@@ -3,20 +3,20 @@
 //! a failed `empty_cache` or trim; a handle orphaned by a failed release without the cache; a
 //! leaked event).
 
-use vmm_alloc::backend::{
-    Backend, CallKind, FaultError, FaultPlan, SimBackend, SimConfig, Trigger,
-};
-use vmm_alloc::config::Config;
+use vmm_alloc::backend::{Backend, CallKind, SimBackend, SimConfig};
+use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::testkit::EmulatedBackend;
+use vmm_alloc::testkit::{FaultError, FaultPlan, Trigger};
 use vmm_alloc::{Allocator, ExpandableAllocator, StreamId};
 
 const MB: usize = 1 << 20;
 
-fn setup(config: Config) -> (SimBackend, ExpandableAllocator<SimBackend>) {
+fn setup(config: ExpandableConfig) -> (SimBackend, ExpandableAllocator<SimBackend>) {
     setup_with_capacity(config, 256 * MB)
 }
 
 fn setup_with_capacity(
-    config: Config,
+    config: ExpandableConfig,
     capacity: usize,
 ) -> (SimBackend, ExpandableAllocator<SimBackend>) {
     let sim = SimBackend::with_config(SimConfig {
@@ -37,7 +37,7 @@ fn fail_once(sim: &SimBackend, kind: CallKind) {
 #[test]
 
 fn failed_empty_cache_keeps_cache_stats_in_sync() {
-    let (sim, a) = setup(Config::default());
+    let (sim, a) = setup(ExpandableConfig::default());
     let x = a.allocate(30 * MB, StreamId::DEFAULT).unwrap();
     a.deallocate(x).unwrap();
     fail_once(&sim, CallKind::FreeReservation);
@@ -52,7 +52,7 @@ fn failed_empty_cache_keeps_cache_stats_in_sync() {
 #[test]
 
 fn failed_release_does_not_orphan_the_handle() {
-    let (sim, a) = setup(Config::pytorch_expandable());
+    let (sim, a) = setup(ExpandableConfig::pytorch_expandable());
     let x = a.allocate(30 * MB, StreamId::DEFAULT).unwrap();
     a.deallocate(x).unwrap();
     fail_once(&sim, CallKind::Release);
@@ -68,7 +68,7 @@ fn failed_release_does_not_orphan_the_handle() {
 #[test]
 
 fn failed_event_release_does_not_leak_the_event() {
-    let (sim, a) = setup(Config::default());
+    let (sim, a) = setup(ExpandableConfig::default());
     let side = StreamId::sim(1);
     sim.hold_stream(side);
     let x = a.allocate(MB, StreamId::DEFAULT).unwrap();
@@ -89,10 +89,10 @@ fn failed_event_release_does_not_leak_the_event() {
 /// device with cached handles, where the second release fails.
 #[test]
 fn failed_trim_keeps_cache_stats_in_sync() {
-    let config = Config {
+    let config = ExpandableConfig {
         large_page: 2 * MB,
         handle_cache_limit: 0,
-        ..Config::default()
+        ..ExpandableConfig::default()
     };
     let (sim, a) = setup_with_capacity(config, 64 * MB);
     let x = a.allocate(1, StreamId::sim(1)).unwrap();
@@ -118,7 +118,7 @@ fn failed_trim_keeps_cache_stats_in_sync() {
 /// kept aside and freed by the next `empty_cache`.
 #[test]
 fn a_failed_growth_whose_reservation_will_not_free_changes_nothing() {
-    let (sim, a) = setup(Config::default());
+    let (sim, a) = setup(ExpandableConfig::default());
     let kept = a.allocate(MB, StreamId::DEFAULT).unwrap();
     let (stats, snap) = (a.stats(), a.snapshot());
     sim.set_faults(

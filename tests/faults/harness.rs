@@ -5,48 +5,14 @@
 use std::collections::BTreeSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use vmm_alloc::backend::{
-    Backend, CallKind, FaultError, FaultPlan, HostBackend, LiveResources, SimBackend, Trigger,
-};
+use vmm_alloc::backend::{Backend, CallKind, LiveResources};
 use vmm_alloc::classic::ClassicAllocator;
 use vmm_alloc::snapshot::{BlockState, Snapshot};
+use vmm_alloc::testkit::{EmulatedBackend, FaultError, FaultPlan, Trigger};
 use vmm_alloc::StreamId;
 use vmm_alloc::{AllocError, Allocation, Allocator, DevAddr, ExpandableAllocator, MemoryStats};
 
 use crate::script::{Op, HELD};
-
-/// The test controls of the emulated backends (inherent methods on each).
-pub trait Controls: Backend + Clone + 'static {
-    fn set_faults(&self, plan: FaultPlan);
-    fn clear_faults(&self) -> u64;
-    fn faults_fired(&self) -> u64;
-    fn hold_stream(&self, stream: StreamId);
-    fn release_stream(&self, stream: StreamId);
-}
-
-macro_rules! controls {
-    ($ty:ty) => {
-        impl Controls for $ty {
-            fn set_faults(&self, plan: FaultPlan) {
-                <$ty>::set_faults(self, plan)
-            }
-            fn clear_faults(&self) -> u64 {
-                <$ty>::clear_faults(self)
-            }
-            fn faults_fired(&self) -> u64 {
-                <$ty>::faults_fired(self)
-            }
-            fn hold_stream(&self, stream: StreamId) {
-                <$ty>::hold_stream(self, stream)
-            }
-            fn release_stream(&self, stream: StreamId) {
-                <$ty>::release_stream(self, stream)
-            }
-        }
-    };
-}
-controls!(SimBackend);
-controls!(HostBackend);
 
 /// An allocator under test, whichever kind.
 pub trait Under: Allocator {
@@ -141,7 +107,7 @@ struct Slot {
 }
 
 /// The allocator, its backend, the live slots: one run of the script.
-pub struct Run<'a, B: Controls> {
+pub struct Run<'a, B: EmulatedBackend> {
     backend: B,
     alloc: Option<Box<dyn Under>>,
     slots: Vec<Option<Slot>>,
@@ -244,7 +210,7 @@ fn has_pending(s: &Snapshot) -> bool {
         .any(|b| b.state == BlockState::ActivePendingFree)
 }
 
-impl<'a, B: Controls> Run<'a, B> {
+impl<'a, B: EmulatedBackend> Run<'a, B> {
     pub fn new(backend: B, make: &Make<B>, what: String, failures: &'a mut Vec<String>) -> Self {
         let bytes = backend
             .capabilities()
@@ -598,7 +564,7 @@ fn names_the_problem(err: &AllocError, fault: &Fault) -> bool {
     }
 }
 
-impl<B: Controls> Run<'_, B> {
+impl<B: EmulatedBackend> Run<'_, B> {
     /// Runs `script` with `fault` armed from the start: at every step the fault hits, checks the
     /// step's promise and every invariant; a transient fault is removed after the step it hit,
     /// a persistent one after `persist` steps it hit. Then finishes the script, frees

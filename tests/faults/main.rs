@@ -17,8 +17,8 @@
 //! teardown the backend holds no handle, mapping, reservation or event.
 //!
 //! Targets, each printing one summary line (cases, faults injected, errors returned, steps that
-//! succeeded another way): the expandable allocator with `Config::default()` and with
-//! `Config::pytorch_expandable()`, and the classic allocator, on a 256 MiB Sim device; then a
+//! succeeded another way): the expandable allocator with `ExpandableConfig::default()` and with
+//! `ExpandableConfig::pytorch_expandable()`, and the classic allocator, on a 256 MiB Sim device; then a
 //! shorter sweep on the Host backend where every allocation carries an id-derived pattern,
 //! checked before each free, after every faulted step and at the end.
 //!

@@ -2,15 +2,15 @@
 
 use std::io::Write;
 
-use vmm_alloc::backend::{
-    CallKind, FaultError, HostBackend, HostConfig, SimBackend, SimConfig, Trigger,
-};
+use vmm_alloc::backend::{CallKind, HostBackend, HostConfig, SimBackend, SimConfig};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::Config;
+use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::testkit::{FaultError, Trigger};
 use vmm_alloc::ExpandableAllocator;
 
-use crate::harness::{Controls, Fault, Make, Run, Tally, Under};
+use crate::harness::{Fault, Make, Run, Tally, Under};
 use crate::script::{script, Op};
+use vmm_alloc::testkit::EmulatedBackend;
 
 const MB: usize = 1 << 20;
 /// The Sim device: small enough that the fill bursts reach it.
@@ -73,7 +73,7 @@ fn flavours(kind: CallKind) -> &'static [FaultError] {
 
 /// Runs the script once without faults (counting calls by kind), then once per kind of `kinds`,
 /// n, trigger and flavour; returns the tally and prints its summary line.
-fn sweep<B: Controls>(
+fn sweep<B: EmulatedBackend>(
     name: &str,
     kinds: &[CallKind],
     new_backend: &dyn Fn() -> B,
@@ -154,13 +154,13 @@ fn assert_clean(t: &Tally) {
     );
 }
 
-fn expandable<B: Controls>(config: Config) -> Box<Make<B>> {
+fn expandable<B: EmulatedBackend>(config: ExpandableConfig) -> Box<Make<B>> {
     Box::new(move |b: B| -> Box<dyn Under> {
         Box::new(ExpandableAllocator::new(b, config.clone()).unwrap())
     })
 }
 
-fn classic<B: Controls>() -> Box<Make<B>> {
+fn classic<B: EmulatedBackend>() -> Box<Make<B>> {
     Box::new(|b: B| -> Box<dyn Under> {
         Box::new(ClassicAllocator::with_alloc_conf(b, "").unwrap())
     })
@@ -173,7 +173,7 @@ fn reaches(t: &Tally, min_cases: u64) {
     assert!(t.errors > 0 && t.recovered > 0, "{t:?}");
 }
 
-fn expandable_sweep(config: Config, name: &str, kinds: &[CallKind]) {
+fn expandable_sweep(config: ExpandableConfig, name: &str, kinds: &[CallKind]) {
     let s = script(sim_ops(), SIM_CAPACITY, SEED);
     let t = sweep(
         &format!("{name} (Sim)"),
@@ -188,13 +188,13 @@ fn expandable_sweep(config: Config, name: &str, kinds: &[CallKind]) {
 
 #[test]
 fn expandable_default_on_sim() {
-    expandable_sweep(Config::default(), "expandable default", &kinds());
+    expandable_sweep(ExpandableConfig::default(), "expandable default", &kinds());
 }
 
 #[test]
 fn expandable_pytorch_on_sim() {
     expandable_sweep(
-        Config::pytorch_expandable(),
+        ExpandableConfig::pytorch_expandable(),
         "expandable pytorch_expandable",
         &kinds(),
     );
@@ -219,12 +219,12 @@ fn all_allocators_keep_data_on_host() {
         (
             "expandable default (Host)",
             &all_kinds[..],
-            expandable::<HostBackend>(Config::default()),
+            expandable::<HostBackend>(ExpandableConfig::default()),
         ),
         (
             "expandable pytorch_expandable (Host)",
             &all_kinds[..],
-            expandable(Config::pytorch_expandable()),
+            expandable(ExpandableConfig::pytorch_expandable()),
         ),
         ("classic (Host)", &all_kinds[..], classic()),
     ] {

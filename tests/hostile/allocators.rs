@@ -6,6 +6,7 @@
 use vmm_alloc::backend::{Backend, CallKind, StreamId};
 use vmm_alloc::config::ONE_EXA_BYTES;
 use vmm_alloc::snapshot::{BlockState, Snapshot};
+use vmm_alloc::testkit::EmulatedBackend;
 use vmm_alloc::{AllocError, Allocator, DevAddr, MemoryStats};
 
 use crate::{allocators, CAPACITY, MB};

@@ -1,10 +1,10 @@
 //! Configuration input: `PYTORCH_CUDA_ALLOC_CONF` strings with every kind of malformation (the
-//! PyTorch error messages themselves are in `tests/all/pytorch_parity.rs`), `Config` fields set
+//! PyTorch error messages themselves are in `tests/all/pytorch_parity.rs`), `ExpandableConfig` fields set
 //! by hand to absurd values, and backend constructors with absurd parameters.
 
 use vmm_alloc::backend::{Backend, CallKind, HostBackend, HostConfig, SimBackend, SimConfig};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::{parse_alloc_conf, Config};
+use vmm_alloc::config::{parse_alloc_conf, ExpandableConfig};
 use vmm_alloc::{AllocError, Allocator, BackendErrorKind, ExpandableAllocator, StreamId};
 
 use crate::{sim, MB};
@@ -13,11 +13,11 @@ use crate::{sim, MB};
 fn refused(input: &str, want: &str) {
     let e = parse_alloc_conf(input).expect_err(input).to_string();
     assert!(e.contains(want), "{input:?}: {e:?} does not say {want:?}");
-    let e = Config::default()
+    let e = ExpandableConfig::default()
         .with_alloc_conf(input)
         .unwrap_err()
         .to_string();
-    assert!(e.contains(want), "{input:?} (Config): {e}");
+    assert!(e.contains(want), "{input:?} (ExpandableConfig): {e}");
     match ClassicAllocator::with_alloc_conf(sim(64 * MB), input) {
         Err(AllocError::InvalidConfig(c)) => assert!(c.to_string().contains(want)),
         Err(other) => panic!("{input:?} (classic): {other:?}"),
@@ -188,7 +188,7 @@ fn very_long_and_repetitive_strings() {
 fn duplicated_keys_last_one_wins_everywhere() {
     let c = parse_alloc_conf("expandable_segments:True,expandable_segments:False").unwrap();
     assert!(!c.expandable_segments);
-    let c = Config::default()
+    let c = ExpandableConfig::default()
         .with_alloc_conf("per_process_memory_fraction:0.5,per_process_memory_fraction:0.25")
         .unwrap();
     assert_eq!(c.memory_fraction, 0.25);
@@ -201,71 +201,71 @@ fn duplicated_keys_last_one_wins_everywhere() {
     .is_err());
 }
 
-/// `Config` fields set by hand: refused at construction, never a panic or a hang later.
+/// `ExpandableConfig` fields set by hand: refused at construction, never a panic or a hang later.
 #[test]
 fn absurd_config_fields() {
     let bad = [
         (
             "small_page",
-            Config {
+            ExpandableConfig {
                 small_page: 0,
-                ..Config::default()
+                ..ExpandableConfig::default()
             },
             "page sizes",
         ),
         (
             "large_page",
-            Config {
+            ExpandableConfig {
                 large_page: 0,
-                ..Config::default()
+                ..ExpandableConfig::default()
             },
             "page sizes",
         ),
         (
             "va_factor NaN",
-            Config {
+            ExpandableConfig {
                 va_factor: f64::NAN,
-                ..Config::default()
+                ..ExpandableConfig::default()
             },
             "va_factor",
         ),
         (
             "va_factor inf",
-            Config {
+            ExpandableConfig {
                 va_factor: f64::INFINITY,
-                ..Config::default()
+                ..ExpandableConfig::default()
             },
             "va_factor",
         ),
         (
             "va_factor 0.5",
-            Config {
+            ExpandableConfig {
                 va_factor: 0.5,
-                ..Config::default()
+                ..ExpandableConfig::default()
             },
             "va_factor",
         ),
         (
             "fraction NaN",
-            Config {
+            ExpandableConfig {
                 memory_fraction: f64::NAN,
-                ..Config::default()
+                ..ExpandableConfig::default()
             },
             "per_process_memory_fraction",
         ),
         (
             "fraction 1+",
-            Config {
+            ExpandableConfig {
                 memory_fraction: 1.000_001,
-                ..Config::default()
+                ..ExpandableConfig::default()
             },
             "per_process_memory_fraction",
         ),
         (
             "fraction -inf",
-            Config {
+            ExpandableConfig {
                 memory_fraction: f64::NEG_INFINITY,
-                ..Config::default()
+                ..ExpandableConfig::default()
             },
             "per_process_memory_fraction",
         ),
@@ -282,33 +282,33 @@ fn absurd_config_fields() {
     // Huge pages and limits are legal values; requests then fail cleanly (a page beyond the
     // device is out of memory) and nothing is left behind.
     for config in [
-        Config {
+        ExpandableConfig {
             large_page: usize::MAX,
-            ..Config::default()
+            ..ExpandableConfig::default()
         },
-        Config {
+        ExpandableConfig {
             small_page: usize::MAX,
-            ..Config::default()
+            ..ExpandableConfig::default()
         },
-        Config {
+        ExpandableConfig {
             large_page: 1 << 62,
             small_page: 1 << 62,
-            ..Config::default()
+            ..ExpandableConfig::default()
         },
-        Config {
+        ExpandableConfig {
             handle_cache_limit: usize::MAX,
             max_split_size: Some(usize::MAX),
             faithful_oversize: true,
             max_non_split_rounding: usize::MAX,
-            ..Config::default()
+            ..ExpandableConfig::default()
         },
-        Config {
+        ExpandableConfig {
             va_factor: 64.0,
-            ..Config::default()
+            ..ExpandableConfig::default()
         },
-        Config {
+        ExpandableConfig {
             memory_fraction: 0.0,
-            ..Config::default()
+            ..ExpandableConfig::default()
         },
     ] {
         let what = format!("{config:?}");
@@ -371,7 +371,7 @@ fn absurd_backend_parameters() {
             "va_limit",
         ),
     ] {
-        let e = SimBackend::with_config(config).err().expect("refused");
+        let e = SimBackend::with_config(config).expect_err("refused");
         assert_eq!(e.op, CallKind::Init);
         assert!(
             matches!(&e.kind, BackendErrorKind::BadConfig(m) if m.contains(want)),
@@ -409,7 +409,7 @@ fn absurd_backend_parameters() {
             "capacity",
         ),
     ] {
-        let e = HostBackend::with_config(config).err().expect("refused");
+        let e = HostBackend::with_config(config).expect_err("refused");
         assert!(
             matches!(&e.kind, BackendErrorKind::BadConfig(m) if m.contains(want)),
             "{config:?}: {e}"
@@ -437,13 +437,18 @@ fn absurd_backend_parameters() {
         let allocs: Vec<(&str, Box<dyn Allocator>)> = vec![
             (
                 "expandable",
-                Box::new(ExpandableAllocator::new(backend.clone(), Config::default()).unwrap()),
+                Box::new(
+                    ExpandableAllocator::new(backend.clone(), ExpandableConfig::default()).unwrap(),
+                ),
             ),
             (
                 "pytorch-expandable",
                 Box::new(
-                    ExpandableAllocator::new(backend.clone(), Config::pytorch_expandable())
-                        .unwrap(),
+                    ExpandableAllocator::new(
+                        backend.clone(),
+                        ExpandableConfig::pytorch_expandable(),
+                    )
+                    .unwrap(),
                 ),
             ),
             (

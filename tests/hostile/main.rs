@@ -15,7 +15,7 @@ mod configs;
 
 use vmm_alloc::backend::{SimBackend, SimConfig};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::Config;
+use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::{Allocator, ExpandableAllocator};
 
 pub const MB: usize = 1 << 20;
@@ -32,17 +32,19 @@ pub fn sim(capacity: usize) -> SimBackend {
 /// The three allocators under test, each over its own backend (kept by the caller).
 pub fn allocators(conf: &str) -> Vec<(&'static str, SimBackend, Box<dyn Allocator>)> {
     let (a, b, c) = (sim(CAPACITY), sim(CAPACITY), sim(CAPACITY));
-    let cfg = |base: Config| base.with_alloc_conf(conf).unwrap();
+    let cfg = |base: ExpandableConfig| base.with_alloc_conf(conf).unwrap();
     vec![
         (
             "expandable",
             a.clone(),
-            Box::new(ExpandableAllocator::new(a, cfg(Config::default())).unwrap()),
+            Box::new(ExpandableAllocator::new(a, cfg(ExpandableConfig::default())).unwrap()),
         ),
         (
             "pytorch-expandable",
             b.clone(),
-            Box::new(ExpandableAllocator::new(b, cfg(Config::pytorch_expandable())).unwrap()),
+            Box::new(
+                ExpandableAllocator::new(b, cfg(ExpandableConfig::pytorch_expandable())).unwrap(),
+            ),
         ),
         (
             "classic",

@@ -20,9 +20,10 @@ use proptest::prelude::*;
 use vmm_alloc::backend::{HostBackend, HostConfig, SimBackend, SimConfig};
 use vmm_alloc::classic::ClassicAllocator;
 
-use crate::faults::{self, FOp, Faulty};
+use crate::faults::{self, FOp};
 use crate::runner::{Campaign, Tally};
 use crate::sequence::{Ops, Seq};
+use vmm_alloc::testkit::EmulatedBackend;
 
 /// How a case's run is set up. Model cases run on Sim (the model builds its own backend);
 /// `free_all`: they free everything before dropping the allocator, or drop it with live blocks.
@@ -40,7 +41,12 @@ pub type Case = Seq<Settings, ops::Op>;
 /// The campaign.
 pub struct Classic;
 
-fn faults_on<B: Faulty>(b: B, conf: &str, ops: &[FOp], tally: &mut Tally) -> Result<(), String> {
+fn faults_on<B: EmulatedBackend>(
+    b: B,
+    conf: &str,
+    ops: &[FOp],
+    tally: &mut Tally,
+) -> Result<(), String> {
     faults::run(
         b,
         |b| ClassicAllocator::with_alloc_conf(b, conf),

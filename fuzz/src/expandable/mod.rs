@@ -15,22 +15,18 @@ mod ops;
 #[allow(dead_code)]
 mod reference;
 
-// `ops.rs` names its siblings through `super::`; the backend wrapper is shared with the classic
-// campaign, so it is included once at the crate root.
-use crate::observed;
-
 use std::time::Instant;
 
 use proptest::prelude::*;
-use vmm_alloc::backend::{
-    CallKind, FaultError, FaultPlan, HostBackend, HostConfig, SimBackend, SimConfig, Trigger,
-};
-use vmm_alloc::config::Config;
+use vmm_alloc::backend::{CallKind, HostBackend, HostConfig, SimBackend, SimConfig};
+use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::testkit::{FaultError, FaultPlan, Trigger};
 use vmm_alloc::ExpandableAllocator;
 
-use crate::faults::{self, Faulty};
+use crate::faults::{self, arm};
 use crate::runner::{Campaign, Tally};
 use crate::sequence::{Ops, Seq};
+use vmm_alloc::testkit::EmulatedBackend;
 
 /// Fault kinds this campaign does not inject: none. (ReleaseEvent and Release were spared, and
 /// faults kept away from `empty_cache`, until the bugs they hit were fixed: a lost event, a lost
@@ -48,7 +44,7 @@ pub struct Settings {
     host: bool,
     capacity_mb: usize,
     create_oom: Option<Trigger>,
-    config: Config,
+    config: ExpandableConfig,
 }
 
 /// One case: a reference-model sequence or a fault-driver sequence.
@@ -85,7 +81,7 @@ fn device(host: bool, capacity_mb: usize) -> Result<Device, String> {
 }
 
 /// Runs one case's operations on `b`.
-fn run_on<B: Faulty>(
+fn run_on<B: EmulatedBackend>(
     b: B,
     s: &Settings,
     ops: &Ops<ops::Op>,
@@ -94,11 +90,14 @@ fn run_on<B: Faulty>(
     match ops {
         Ops::Model(ops) => {
             if let Some(t) = s.create_oom {
-                b.arm(FaultPlan::new().fail(CallKind::Create, t, FaultError::OutOfMemory));
+                arm(
+                    &b,
+                    FaultPlan::new().fail(CallKind::Create, t, FaultError::OutOfMemory),
+                );
             }
             tally.ops += ops.len() as u64;
             let result = ops::run(b.clone(), s.config.clone(), ops).map(drop);
-            tally.faults += b.arm(FaultPlan::new());
+            tally.faults += arm(&b, FaultPlan::new());
             result.map_err(|e| e.to_string())
         }
         Ops::Faults(ops) => faults::run(

@@ -51,7 +51,7 @@ mod mapped;
 pub mod pickle_writer;
 pub(crate) mod recorder;
 
-use vmm_alloc::config::Config;
+use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::snapshot::Snapshot;
 
 use super::pickle::Value;
@@ -113,7 +113,7 @@ pub struct SnapshotDump {
     /// included: the dump keeps only their mapped runs).
     pub final_state: Snapshot,
     /// The configuration the policy replayed with.
-    pub config: Config,
+    pub config: ExpandableConfig,
     /// The `PYTORCH_CUDA_ALLOC_CONF` string applied on top of it, if any.
     pub alloc_conf: Option<String>,
     /// The most bytes mapped at the end of any replayed event (PyTorch's peak reserved memory;

@@ -4,7 +4,7 @@
 //! made a map or unmap call.
 
 use vmm_alloc::backend::CallKind;
-use vmm_alloc::config::Config;
+use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::error::AllocError;
 use vmm_alloc::stats::MemoryStats;
 use vmm_alloc::{Allocation, Allocator};
@@ -27,7 +27,7 @@ pub(crate) struct Recorder {
     peak_mapped: u64,
     capacity: u64,
     alloc_conf: Option<String>,
-    config: Config,
+    config: ExpandableConfig,
 }
 
 /// Map and unmap calls so far.
@@ -44,7 +44,7 @@ impl Recorder {
     pub(crate) fn new<A: Allocator>(
         alloc: &A,
         capacity: u64,
-        config: Config,
+        config: ExpandableConfig,
         alloc_conf: Option<String>,
     ) -> Self {
         let stats = alloc.stats();

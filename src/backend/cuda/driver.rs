@@ -17,9 +17,9 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaStream};
 
+use crate::backend::error::BackendErrorKind as E;
 use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
 use crate::backend::{Access, MemInfo, Protection, StreamId};
-use crate::error::BackendErrorKind as E;
 
 /// Turns a `CUresult` into our error, keeping the driver's name for it.
 fn driver_error(code: CUresult) -> E {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaStream};
 
 use crate::backend::checked::Checked;
+use crate::backend::error::BackendError;
 use crate::backend::{forward_backend, CallKind, Capabilities, StreamId};
-use crate::error::BackendError;
 
 use driver::CudaDevice;
 

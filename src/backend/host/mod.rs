@@ -1,26 +1,5 @@
 //! `HostBackend`: the CUDA VMM model over real CPU memory, so data-integrity tests run without a GPU.
-//!
-//! ```text
-//!  reservation  mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE), aligned to the granularity
-//!  ┌──────────┬──────────┬──────────────────────┬──────────┐
-//!  │ mapped   │ mapped   │ reserved, unmapped    │ mapped   │  ← mmap(MAP_SHARED|MAP_FIXED, pool, off)
-//!  └────┬─────┴────┬─────┴──────────────────────┴────┬─────┘     unmap = mmap(PROT_NONE, MAP_FIXED)
-//!       │          │                                  │           over the range again
-//!  pool memfd (one file, sparse, 2^60 bytes of offsets):
-//!  [handle 1][handle 2][ hole punched: released ][handle 4] ...
-//! ```
-//!
-//! Note [Host pool]: a physical handle is a range of one large sparse memfd rather than a memfd of
-//! its own, because one fd per handle would cap live handles at `RLIMIT_NOFILE` (20,000 here,
-//! ~39 GiB of 2 MiB handles). Offsets are handed out in increasing order and never reused: the
-//! file is 2^60 bytes long, so they cannot run out, and the pool can never fragment. When a handle
-//! is released and its last mapping goes, its range is hole-punched (`fallocate`), returning the
-//! memory to the OS. Pages cost memory only once written.
-//!
-//! Mappings are created `PROT_NONE` and made accessible by `set_access` (`mprotect`), as CUDA
-//! mappings are inaccessible until `cuMemSetAccess`. Each mapping is at least one kernel VMA, and
-//! a process may hold 65,530 (`vm.max_map_count`): about 64 GiB of scattered 2 MiB mappings, far
-//! more than tests need; tests must still not leak mappings across cases.
+//! (The whole description is on the type, which is what the docs show.)
 
 mod sys;
 
@@ -28,8 +7,8 @@ use std::sync::Arc;
 
 use crate::backend::checked::Checked;
 use crate::backend::emulated::emulated_controls;
+use crate::backend::error::{BackendError, BackendErrorKind as E};
 use crate::backend::{forward_backend, CallKind, Capabilities};
-use crate::error::{BackendError, BackendErrorKind as E};
 
 use sys::HostDevice;
 
@@ -71,7 +50,32 @@ impl HostConfig {
     }
 }
 
-/// Real memory on the CPU behind the CUDA VMM rules: see the [module docs](self).
+/// `HostBackend`: the CUDA VMM model over real CPU memory, so data-integrity tests run without a GPU.
+///
+/// **Linux only** (memfd, `MAP_FIXED` remapping, hole punching): on other platforms the type
+/// does not exist; use [`SimBackend`](crate::SimBackend) for bookkeeping without memory.
+///
+/// ```text
+///  reservation  mmap(PROT_NONE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE), aligned to the granularity
+///  ┌──────────┬──────────┬──────────────────────┬──────────┐
+///  │ mapped   │ mapped   │ reserved, unmapped    │ mapped   │  ← mmap(MAP_SHARED|MAP_FIXED, pool, off)
+///  └────┬─────┴────┬─────┴──────────────────────┴────┬─────┘     unmap = mmap(PROT_NONE, MAP_FIXED)
+///       │          │                                  │           over the range again
+///  pool memfd (one file, sparse, 2^60 bytes of offsets):
+///  [handle 1][handle 2][ hole punched: released ][handle 4] ...
+/// ```
+///
+/// Note \[Host pool\]: a physical handle is a range of one large sparse memfd rather than a memfd of
+/// its own, because one fd per handle would cap live handles at `RLIMIT_NOFILE` (20,000 here,
+/// ~39 GiB of 2 MiB handles). Offsets are handed out in increasing order and never reused: the
+/// file is 2^60 bytes long, so they cannot run out, and the pool can never fragment. When a handle
+/// is released and its last mapping goes, its range is hole-punched (`fallocate`), returning the
+/// memory to the OS. Pages cost memory only once written.
+///
+/// Mappings are created `PROT_NONE` and made accessible by `set_access` (`mprotect`), as CUDA
+/// mappings are inaccessible until `cuMemSetAccess`. Each mapping is at least one kernel VMA, and
+/// a process may hold 65,530 (`vm.max_map_count`): about 64 GiB of scattered 2 MiB mappings, far
+/// more than tests need; tests must still not leak mappings across cases.
 ///
 /// Cloning is cheap and shares the state.
 ///
@@ -127,4 +131,4 @@ impl HostBackend {
 }
 
 forward_backend!(HostBackend);
-emulated_controls!(HostBackend);
+emulated_controls!(HostBackend, HostConfig);

@@ -18,10 +18,10 @@ use rustix::io::Errno;
 use rustix::mm::{mmap, mmap_anonymous, mprotect, munmap, MapFlags, MprotectFlags, ProtFlags};
 
 use crate::backend::emulated::sim_event_methods;
+use crate::backend::error::BackendErrorKind as E;
 use crate::backend::events::SimEvents;
 use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
 use crate::backend::{Access, MemInfo, Protection};
-use crate::error::BackendErrorKind as E;
 
 /// Length of the sparse pool file: offsets are never reused, and 2^60 bytes cannot run out.
 const POOL_LEN: u64 = 1 << 60;

@@ -7,6 +7,7 @@ use vmm_alloc::classic::ClassicAllocator;
 use vmm_alloc::config::{round_size, AllocConf, SMALL_SIZE};
 use vmm_alloc::snapshot::{BlockState, SegmentInfo, Snapshot};
 use vmm_alloc::stats::PoolKind;
+use vmm_alloc::testkit::EmulatedBackend;
 use vmm_alloc::{AllocError, Allocator, DevAddr, MemoryStats, StreamId};
 
 use super::reference::{best_fit, free_blocks, no_overlap, pool_of, Model, Rules};

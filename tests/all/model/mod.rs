@@ -1,12 +1,11 @@
 //! Property tests: random operation sequences against `ExpandableAllocator`, checked after every
 //! step against a plain reference model (`reference.rs`) of what must hold (DESIGN.md's
-//! invariants), with the device's own view of its mappings (`observed.rs`). On Host, every live
+//! invariants), with the device's own view of its mappings (the test kit's `Observed` backend). On Host, every live
 //! allocation carries a pattern derived from its id at bounded, granule-aware sample spans
 //! (`spans` in `ops.rs`), checked every step.
 //!
 //! `PROPTEST_CASES=10000 cargo test --release --test all model` runs them harder.
 
-mod observed;
 mod ops;
 mod reach;
 mod reference;

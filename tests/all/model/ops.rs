@@ -3,11 +3,11 @@
 
 use proptest::prelude::*;
 use vmm_alloc::backend::{Backend, PhysHandle};
-use vmm_alloc::config::Config;
+use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::{AllocError, Allocator, DevAddr, ExpandableAllocator, MemoryStats, StreamId};
 
-use super::observed::{Controls, Observed};
 use super::reference::{no_overlap, Live, Model};
+use vmm_alloc::testkit::{EmulatedBackend, Observed};
 
 const STREAMS: u64 = 3;
 
@@ -89,17 +89,17 @@ pub fn op_strategy() -> impl Strategy<Value = Op> {
     ]
 }
 
-pub fn config_strategy() -> impl Strategy<Value = Config> {
+pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
     prop_oneof![
-        Just(Config::default()),
-        Just(Config::pytorch_expandable()),
-        Just(Config {
+        Just(ExpandableConfig::default()),
+        Just(ExpandableConfig::pytorch_expandable()),
+        Just(ExpandableConfig {
             large_page: 2 << 20,
-            ..Config::default()
+            ..ExpandableConfig::default()
         }),
-        Just(Config {
+        Just(ExpandableConfig {
             handle_cache_limit: 64 << 20,
-            ..Config::default()
+            ..ExpandableConfig::default()
         }),
     ]
 }
@@ -202,7 +202,11 @@ fn fail(step: usize, e: impl std::fmt::Display) -> TestCaseError {
     TestCaseError::fail(format!("step {step}: {e}"))
 }
 
-pub fn run<B: Controls>(inner: B, config: Config, ops: &[Op]) -> Result<Reached, TestCaseError> {
+pub fn run<B: EmulatedBackend>(
+    inner: B,
+    config: ExpandableConfig,
+    ops: &[Op],
+) -> Result<Reached, TestCaseError> {
     let backend = Observed::new(inner);
     let bytes = backend
         .capabilities()
@@ -213,7 +217,7 @@ pub fn run<B: Controls>(inner: B, config: Config, ops: &[Op]) -> Result<Reached,
     let mut taken: Vec<PhysHandle> = Vec::new();
     let mut last_freed: Option<DevAddr> = None;
     let mut squeezed_ooms = 0;
-    let gen = |s: StreamId| backend.inner.generation(s);
+    let gen = |s: StreamId| backend.stream_generation(s);
     for (step, op) in ops.iter().enumerate() {
         match *op {
             Op::Alloc { size, stream } => {
@@ -283,14 +287,14 @@ pub fn run<B: Controls>(inner: B, config: Config, ops: &[Op]) -> Result<Reached,
                 }
             }
             Op::Hold { stream } => {
-                backend.inner.hold(StreamId::sim(stream));
+                backend.hold_stream(StreamId::sim(stream));
                 if !held.contains(&StreamId::sim(stream)) {
                     held.push(StreamId::sim(stream));
                 }
             }
             Op::Release { stream } => {
                 let s = StreamId::sim(stream);
-                backend.inner.unhold(s);
+                backend.release_stream(s);
                 held.retain(|&h| h != s);
                 model.released(s);
             }
@@ -300,14 +304,14 @@ pub fn run<B: Controls>(inner: B, config: Config, ops: &[Op]) -> Result<Reached,
             }
             Op::Squeeze { mb } => {
                 let len = (mb << 20).next_multiple_of(backend.granularity());
-                match backend.inner.create(len) {
+                match backend.backend().create(len) {
                     Ok(h) => taken.push(h),
                     Err(e) => prop_assert!(e.is_out_of_memory(), "step {step}: {e}"),
                 }
             }
             Op::Unsqueeze => {
                 if let Some(h) = taken.pop() {
-                    backend.inner.release(h).map_err(|e| fail(step, e))?;
+                    backend.backend().release(h).map_err(|e| fail(step, e))?;
                 }
             }
             Op::Invalid { bad, pick } => {
@@ -327,7 +331,10 @@ pub fn run<B: Controls>(inner: B, config: Config, ops: &[Op]) -> Result<Reached,
     };
     // Teardown: free everything, empty the cache, drop: the backend holds nothing.
     for h in taken {
-        backend.inner.release(h).map_err(|e| fail(ops.len(), e))?;
+        backend
+            .backend()
+            .release(h)
+            .map_err(|e| fail(ops.len(), e))?;
     }
     for l in model.live.drain(..) {
         alloc.deallocate(l.alloc).map_err(|e| fail(ops.len(), e))?;
@@ -337,14 +344,14 @@ pub fn run<B: Controls>(inner: B, config: Config, ops: &[Op]) -> Result<Reached,
     prop_assert_eq!(stats.reserved_bytes.all.current, 0);
     prop_assert_eq!(stats.active_bytes.all.current, 0);
     drop(alloc);
-    let left = backend.inner.live();
+    let left = backend.backend().live();
     prop_assert!(left.is_empty(), "leaked after teardown: {}", left);
     Ok(reached)
 }
 
 /// A bad input gives the right error and changes nothing: stats (call counts too) and snapshot
 /// are equal before and after.
-fn refused<B: Controls>(
+fn refused<B: EmulatedBackend>(
     alloc: &ExpandableAllocator<Observed<B>>,
     model: &Model,
     bad: Bad,
@@ -382,7 +389,7 @@ fn refused<B: Controls>(
     Ok(())
 }
 
-fn check_step<B: Controls>(
+fn check_step<B: EmulatedBackend>(
     alloc: &ExpandableAllocator<Observed<B>>,
     backend: &Observed<B>,
     model: &mut Model,
@@ -396,7 +403,7 @@ fn check_step<B: Controls>(
         let log = backend.log();
         prop_assert_eq!(
             log.mapped.values().sum::<usize>(),
-            backend.inner.live().mapped_bytes,
+            backend.backend().live().mapped_bytes,
             "step {}: the observed mappings lost track",
             step
         );

@@ -7,7 +7,7 @@ use vmm_alloc::snapshot::{BlockState, Snapshot};
 use vmm_alloc::stats::{PoolKind, Stat, StatArray};
 use vmm_alloc::{Allocation, MemoryStats, StreamId};
 
-use super::observed::{Log, Seen};
+use vmm_alloc::testkit::{MappingState, Seen};
 
 /// What the model knows about one live allocation.
 pub struct Live {
@@ -51,7 +51,7 @@ pub struct Model {
     pub live: Vec<Live>,
     pending: Vec<Pending>,
     /// Ranges freed on their own stream while it was held: its queued work may still touch them,
-    /// so they must not be unmapped before that stream is synchronized (Note [Syncs]).
+    /// so they must not be unmapped before that stream is synchronized (Note \[Syncs\]).
     unquiet: Vec<(u64, u64, StreamId)>,
     /// Peaks of [allocated_bytes, active_bytes, requested_bytes, allocation, active] per pool.
     peaks: [Sums; 5],
@@ -225,7 +225,7 @@ impl Model {
         &self,
         stats: &MemoryStats,
         snap: &Snapshot,
-        log: &Log,
+        log: &MappingState,
     ) -> Result<(), String> {
         let mut by_pool = [0u64; 2];
         for (&at, &len) in &log.mapped {
