@@ -37,6 +37,8 @@ pub mod allocator;
 pub mod classic;
 pub mod config;
 pub mod expandable;
+mod mechanism;
+pub use mechanism::violation::InvariantViolation;
 pub mod snapshot;
 pub mod stats;
 pub mod trace;
