@@ -21,7 +21,6 @@ use crate::config::MIN_BLOCK_SIZE;
 use crate::mechanism::violation::{
     allocated_within_reserved, stat_equals, InvariantViolation as V,
 };
-use crate::stats::PoolKind;
 use crate::units::DevAddr;
 
 /// What the walks of the segments add up, for the pool and statistics checks.
@@ -65,12 +64,7 @@ fn role(b: &Block) -> Role {
 impl<B: Backend> State<B> {
     /// Checks every invariant; returns the first violation.
     pub(crate) fn check(&self) -> Result<(), V> {
-        let firsts: FxHashMap<u64, BlockId> = self
-            .blocks
-            .iter()
-            .filter(|(_, b)| b.prev.is_none())
-            .map(|(id, b)| (b.ptr, id))
-            .collect();
+        let firsts = self.first_blocks();
         let mut sums = Sums::default();
         for (&base, seg) in &self.segments {
             let first = firsts.get(&base).copied();
@@ -186,13 +180,6 @@ impl<B: Backend> State<B> {
             }
         }
         Ok(())
-    }
-
-    fn pool_of(&self, kind: PoolKind) -> &crate::classic::blocks::Pool {
-        match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
-        }
     }
 
     /// The pools hold exactly the cached blocks (each was found filed by `check_block`).

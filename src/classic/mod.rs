@@ -164,12 +164,7 @@ impl<B: Backend> Allocator for ClassicAllocator<B> {
             .values()
             .flat_map(|q| q.iter().map(|&(_, id)| id))
             .collect();
-        let first: std::collections::HashMap<u64, BlockId> = s
-            .blocks
-            .iter()
-            .filter(|(_, b)| b.prev.is_none())
-            .map(|(id, b)| (b.ptr, id))
-            .collect();
+        let first = s.first_blocks();
         let mut segments = Vec::new();
         for (&base, seg) in &s.segments {
             let mut blocks = Vec::new();

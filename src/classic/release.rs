@@ -196,11 +196,8 @@ impl<B: Backend> State<B> {
 
     /// The free blocks of a pool that are whole segments, in pool order.
     fn unsplit_free(&self, kind: PoolKind) -> Vec<BlockId> {
-        let pool = match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
-        };
-        pool.iter()
+        self.pool_of(kind)
+            .iter()
             .map(|k| k.id)
             .filter(|&id| !self.blocks.at(id).is_split())
             .collect()
@@ -214,7 +211,7 @@ impl<B: Backend> State<B> {
             return Ok(());
         };
         // If the unmap worked but the rest did not, the segment is gone all the same (its memory
-        // is unmapped: its block must never be handed out again); what is left becomes debris.
+        // is unmapped: its block must never be handed out again); what is left is deferred.
         let failed = match device_free(&self.backend, &mut self.stats, &seg) {
             Ok(()) => None,
             Err(FreeFailed::Untouched(e)) => return Err(e.into()),

@@ -84,6 +84,24 @@ impl<B: Backend> State<B> {
         })
     }
 
+    /// The first block of each segment, by the segment's address: where a walk of its blocks
+    /// starts.
+    pub(crate) fn first_blocks(&self) -> FxHashMap<u64, BlockId> {
+        self.blocks
+            .iter()
+            .filter(|(_, b)| b.prev.is_none())
+            .map(|(id, b)| (b.ptr, id))
+            .collect()
+    }
+
+    /// The free blocks of pool `kind`.
+    pub(crate) fn pool_of(&self, kind: PoolKind) -> &Pool {
+        match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        }
+    }
+
     pub(crate) fn pool(&mut self, kind: PoolKind) -> &mut Pool {
         match kind {
             PoolKind::Small => &mut self.small,

@@ -80,11 +80,13 @@ impl<B: Backend> State<B> {
         if self.config.sync_only_after_frees && !self.unsynced_frees.contains(&stream) {
             return Ok(());
         }
-        track(
-            &mut self.stats,
-            CallKind::Synchronize,
-            self.backend.synchronize(stream),
-        )?;
+        self.synchronize(stream)
+    }
+
+    /// Waits for `stream`'s queued work: every page freed on it is quiet after (Note [Syncs]).
+    fn synchronize(&mut self, stream: StreamId) -> Result<(), BackendError> {
+        let synced = self.backend.synchronize(stream);
+        track(&mut self.stats, CallKind::Synchronize, synced)?;
         self.unsynced_frees.retain(|&s| s != stream);
         Ok(())
     }
@@ -117,12 +119,7 @@ impl<B: Backend> State<B> {
                 .flat_map(|p| p.events.iter().map(|&(s, _)| s))
                 .collect();
             for s in streams {
-                track(
-                    &mut self.stats,
-                    CallKind::Synchronize,
-                    self.backend.synchronize(s),
-                )?;
-                self.unsynced_frees.retain(|&u| u != s);
+                self.synchronize(s)?;
             }
         }
         let mut i = 0;

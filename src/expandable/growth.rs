@@ -10,7 +10,7 @@
 //! before (pytorch#188008 terminates the process there).
 //!
 //! Note [Remap]: when `create` reports out-of-memory, a fully-free chunk of any segment (any
-//! stream, after that stream's queued work is done: Note [Syncs] in `state.rs`) is unmapped and
+//! stream, after that stream's queued work is done: Note [Syncs] in `free.rs`) is unmapped and
 //! its handle mapped where the growth needs it. Live blocks never move, so every address handed
 //! out stays valid; waste is bounded by partially used pages, not by where live blocks happen to
 //! sit.

@@ -78,7 +78,8 @@ impl SizeIndex {
     /// Adds `e` to class `c`'s bin and marks the bin non-empty.
     #[inline]
     fn put(&mut self, c: usize, e: FreeRange) {
-        self.bins[c].insert(e);
+        let new = self.bins[c].insert(e);
+        debug_assert!(new, "{e:?} indexed twice");
         self.nonempty[c / 64] |= 1 << (c % 64);
     }
 

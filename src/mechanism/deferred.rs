@@ -13,6 +13,11 @@ use crate::mechanism::counters::track;
 use crate::stats::MemoryStats;
 use crate::units::{DevAddr, VaRange};
 
+/// What becomes of a handle a leftover unmapped: released, or kept for reuse (the policy's
+/// choice); an error stops the give-back, keeping the handle for the next try.
+pub(crate) type Dispose<'a, B> =
+    dyn FnMut(&B, &mut MemoryStats, PhysHandle, usize) -> Result<(), BackendError> + 'a;
+
 /// A handle mapped whole at one address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Mapping {
@@ -70,12 +75,7 @@ impl Leftover {
         &mut self,
         backend: &B,
         stats: &mut MemoryStats,
-        dispose: &mut dyn FnMut(
-            &B,
-            &mut MemoryStats,
-            PhysHandle,
-            usize,
-        ) -> Result<(), BackendError>,
+        dispose: &mut Dispose<'_, B>,
     ) -> Result<(), BackendError> {
         while let Some(&m) = self.mapped.last() {
             track(stats, CallKind::Unmap, backend.unmap(m.at, m.len))?;
@@ -151,12 +151,7 @@ impl Deferred {
         backend: &B,
         stats: &mut MemoryStats,
         mut left: Leftover,
-        dispose: &mut dyn FnMut(
-            &B,
-            &mut MemoryStats,
-            PhysHandle,
-            usize,
-        ) -> Result<(), BackendError>,
+        dispose: &mut Dispose<'_, B>,
     ) {
         if left.give_back(backend, stats, dispose).is_err() {
             self.leftovers.push(left);
@@ -196,12 +191,7 @@ impl Deferred {
         &mut self,
         backend: &B,
         stats: &mut MemoryStats,
-        dispose: &mut dyn FnMut(
-            &B,
-            &mut MemoryStats,
-            PhysHandle,
-            usize,
-        ) -> Result<(), BackendError>,
+        dispose: &mut Dispose<'_, B>,
     ) -> Result<(), BackendError> {
         let mut first = Ok(());
         for mut left in std::mem::take(&mut self.leftovers) {
