@@ -85,6 +85,8 @@ pub mod allocator;
 pub mod classic;
 pub mod config;
 pub mod expandable;
+mod mechanism;
+pub use mechanism::violation::InvariantViolation;
 pub mod snapshot;
 pub mod stats;
 #[cfg(feature = "testkit")]

@@ -239,12 +239,16 @@ fn classic(sim: SimBackend) -> ClassicAllocator<SimBackend> {
 
 #[test]
 fn expandable_hand_off_small() {
-    three_threads(expandable, true, |a| a.check_invariants());
+    three_threads(expandable, true, |a| {
+        a.check_invariants().map_err(|e| e.to_string())
+    });
 }
 
 #[test]
 fn expandable_hand_off_large() {
-    three_threads(expandable, false, |a| a.check_invariants());
+    three_threads(expandable, false, |a| {
+        a.check_invariants().map_err(|e| e.to_string())
+    });
 }
 
 #[test]
@@ -254,12 +258,16 @@ fn expandable_same_stream() {
 
 #[test]
 fn classic_hand_off_small() {
-    three_threads(classic, true, |_| Ok(()));
+    three_threads(classic, true, |a| {
+        a.check_invariants().map_err(|e| e.to_string())
+    });
 }
 
 #[test]
 fn classic_hand_off_large() {
-    three_threads(classic, false, |_| Ok(()));
+    three_threads(classic, false, |a| {
+        a.check_invariants().map_err(|e| e.to_string())
+    });
 }
 
 #[test]

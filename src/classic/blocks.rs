@@ -5,10 +5,12 @@
 use std::collections::BTreeSet;
 
 use crate::backend::StreamId;
+use crate::mechanism::stream_uses::StreamUses;
 use crate::stats::PoolKind;
 
-/// An index into the block arena.
-pub(crate) type BlockId = usize;
+/// A block's name: its slot in the arena. Valid while the block lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct BlockId(usize);
 
 /// A block: a whole segment, or a piece of a split one.
 #[derive(Clone, Debug)]
@@ -25,7 +27,7 @@ pub(crate) struct Block {
     /// Events still to complete before the block may be freed (`record_stream`).
     pub(crate) event_count: usize,
     /// Streams that used the block besides its own (`stream_uses`).
-    pub(crate) stream_uses: Vec<StreamId>,
+    pub(crate) stream_uses: StreamUses,
     /// The pool's `get_free_blocks_call_count` when the block was last freed (GC age).
     pub(crate) gc_count_base: u64,
 }
@@ -43,14 +45,19 @@ impl Block {
             prev: None,
             next: None,
             event_count: 0,
-            stream_uses: Vec::new(),
+            stream_uses: StreamUses::default(),
             gc_count_base: 0,
         }
     }
 
     /// Its key in its pool when free.
     pub(crate) fn key(&self, id: BlockId) -> PoolKey {
-        (self.stream, self.size, self.ptr, id)
+        PoolKey {
+            stream: self.stream,
+            size: self.size,
+            ptr: self.ptr,
+            id,
+        }
     }
 
     /// `is_split()`: the block shares its segment with others.
@@ -70,18 +77,18 @@ impl Arena {
     pub(crate) fn insert(&mut self, b: Block) -> BlockId {
         match self.vacant.pop() {
             Some(id) => {
-                self.slots[id] = Some(b);
+                self.slots[id.0] = Some(b);
                 id
             }
             None => {
                 self.slots.push(Some(b));
-                self.slots.len() - 1
+                BlockId(self.slots.len() - 1)
             }
         }
     }
 
     pub(crate) fn remove(&mut self, id: BlockId) -> Option<Block> {
-        let b = self.slots.get_mut(id)?.take();
+        let b = self.slots.get_mut(id.0)?.take();
         if b.is_some() {
             self.vacant.push(id);
         }
@@ -91,15 +98,15 @@ impl Arena {
     /// The block `id`. Ids come only from this arena and are dropped with their block, so a
     /// missing one is an internal bug: callers use [`Arena::get`] where that is possible.
     pub(crate) fn at(&self, id: BlockId) -> &Block {
-        self.slots[id].as_ref().expect("live block id")
+        self.slots[id.0].as_ref().expect("live block id")
     }
 
     pub(crate) fn at_mut(&mut self, id: BlockId) -> &mut Block {
-        self.slots[id].as_mut().expect("live block id")
+        self.slots[id.0].as_mut().expect("live block id")
     }
 
     pub(crate) fn get(&self, id: BlockId) -> Option<&Block> {
-        self.slots.get(id).and_then(Option::as_ref)
+        self.slots.get(id.0).and_then(Option::as_ref)
     }
 
     /// Every live block.
@@ -107,26 +114,89 @@ impl Arena {
         self.slots
             .iter()
             .enumerate()
-            .filter_map(|(i, b)| b.as_ref().map(|b| (i, b)))
+            .filter_map(|(i, b)| b.as_ref().map(|b| (BlockId(i), b)))
+    }
+
+    /// How many blocks live.
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len() - self.vacant.len()
     }
 }
 
-/// A free block's place in its pool: (stream, size, address, id).
-pub(crate) type PoolKey = (StreamId, usize, u64, BlockId);
+/// A free block's place in its pool, ordered as PyTorch's `BlockComparatorSize`: by stream,
+/// then size, then address (the id never decides: two free blocks never share an address).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct PoolKey {
+    pub(crate) stream: StreamId,
+    pub(crate) size: usize,
+    pub(crate) ptr: u64,
+    pub(crate) id: BlockId,
+}
 
-/// The free blocks of one pool kind, all streams, in (stream, size, address) order.
+impl PoolKey {
+    /// The first key of `stream` at or above `size`: where a best-fit search starts.
+    fn search(stream: StreamId, size: usize) -> Self {
+        Self {
+            stream,
+            size,
+            ptr: 0,
+            id: BlockId(0),
+        }
+    }
+}
+
+/// The free blocks of one pool kind, all streams, in (stream, size, address) order: PyTorch's
+/// `BlockPool`. Changed only through `insert` and `remove`, which check (in debug builds) that a
+/// block goes in once and comes out once.
 #[derive(Default, Debug)]
 pub(crate) struct Pool {
-    pub(crate) blocks: BTreeSet<PoolKey>,
+    blocks: BTreeSet<PoolKey>,
     /// `get_free_blocks_call_count`: lookups so far (the garbage collector's clock).
     pub(crate) get_free_blocks_call_count: u64,
 }
 
 impl Pool {
+    /// Files a free block.
+    pub(crate) fn insert(&mut self, key: PoolKey) {
+        let new = self.blocks.insert(key);
+        debug_assert!(new, "{key:?} filed twice");
+    }
+
+    /// Takes a free block out.
+    pub(crate) fn remove(&mut self, key: &PoolKey) {
+        let was = self.blocks.remove(key);
+        debug_assert!(was, "{key:?} taken out but not filed");
+    }
+
+    /// Whether `key` is filed.
+    pub(crate) fn contains(&self, key: &PoolKey) -> bool {
+        self.blocks.contains(key)
+    }
+
+    /// How many free blocks are filed.
+    pub(crate) fn len(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Every filed block, in pool order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &PoolKey> {
+        self.blocks.iter()
+    }
+
+    /// The blocks ordered below (`stream`, `size`): those of `stream` smaller than `size`,
+    /// then other streams'; iterate in reverse for the largest first.
+    pub(crate) fn below(
+        &self,
+        stream: StreamId,
+        size: usize,
+    ) -> impl DoubleEndedIterator<Item = &PoolKey> {
+        self.blocks.range(..PoolKey::search(stream, size))
+    }
+
     /// `lower_bound({stream, size})`: the smallest free block of `stream` holding `size`, lowest
     /// address on ties.
     pub(crate) fn lower_bound(&self, stream: StreamId, size: usize) -> Option<(usize, BlockId)> {
-        let &(s, len, _, id) = self.blocks.range((stream, size, 0, 0)..).next()?;
-        (s == stream).then_some((len, id))
+        let k = self.blocks.range(PoolKey::search(stream, size)..).next()?;
+        (k.stream == stream).then_some((k.size, k.id))
     }
 }

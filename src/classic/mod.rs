@@ -12,6 +12,7 @@
 //! (reference `pytorch-allocator.md` §1).
 
 mod blocks;
+mod check;
 mod device;
 mod release;
 mod seed;
@@ -29,6 +30,7 @@ use crate::snapshot::{BlockInfo, BlockState, SegmentInfo, Snapshot};
 use crate::stats::MemoryStats;
 use crate::units::DevAddr;
 
+use blocks::BlockId;
 use state::State;
 
 /// PyTorch's classic caching allocator: see the [module docs](self).
@@ -99,6 +101,13 @@ impl<B: Backend> ClassicAllocator<B> {
         self.state.lock().segment_log.clone().unwrap_or_default()
     }
 
+    /// Checks every internal invariant (segments tiled by their blocks, free blocks filed in
+    /// their pool and merged, pending blocks and their events, stats equal to the sums) and
+    /// returns the first violation. Walks the whole state: for tests and debugging.
+    pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
+        self.state.lock().check()
+    }
+
     /// `oversize_allocations` and `oversize_segments` (current): blocks and segments of at least
     /// `max_split_size` bytes.
     pub fn oversize(&self) -> (u64, u64) {
@@ -160,17 +169,12 @@ impl<B: Backend> Allocator for ClassicAllocator<B> {
 
     fn snapshot(&self) -> Snapshot {
         let s = self.state.lock();
-        let pending: std::collections::HashSet<usize> = s
+        let pending: std::collections::HashSet<BlockId> = s
             .events
             .values()
             .flat_map(|q| q.iter().map(|&(_, id)| id))
             .collect();
-        let first: std::collections::HashMap<u64, usize> = s
-            .blocks
-            .iter()
-            .filter(|(_, b)| b.prev.is_none())
-            .map(|(id, b)| (b.ptr, id))
-            .collect();
+        let first = s.first_blocks();
         let mut segments = Vec::new();
         for (&base, seg) in &s.segments {
             let mut blocks = Vec::new();
@@ -226,15 +230,10 @@ impl<B: Backend> Drop for ClassicAllocator<B> {
             if let Err(device::FreeFailed::Partly(_, left)) =
                 device::device_free(&s.backend, &mut s.stats, &seg)
             {
-                s.debris.push(*left);
+                s.deferred.keep(*left);
             }
         }
-        for e in std::mem::take(&mut s.stale_events) {
-            let _ = s.backend.release_event(e);
-        }
-        for mut d in std::mem::take(&mut s.debris) {
-            let _ = d.give_back(&s.backend, &mut s.stats);
-        }
+        s.deferred.abandon_all(&s.backend);
     }
 }
 

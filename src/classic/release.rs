@@ -7,7 +7,8 @@ use crate::classic::blocks::BlockId;
 use crate::classic::device::{device_free, FreeFailed};
 use crate::classic::state::State;
 use crate::error::{AllocError, BackendError};
-use crate::expandable::track;
+use crate::mechanism::counters::track;
+use crate::mechanism::deferred::release_handle;
 use crate::stats::PoolKind;
 use crate::units::DevAddr;
 
@@ -18,32 +19,19 @@ impl<B: Backend> State<B> {
         let Some(&id) = self.active.get(&ptr.get()) else {
             return Err(AllocError::InvalidPointer(ptr));
         };
-        let uses = std::mem::take(&mut self.blocks.at_mut(id).stream_uses);
         // Record the events first: if that fails the block is still allocated, nothing changed.
-        let mut recorded = Vec::with_capacity(uses.len());
-        for &s in &uses {
-            match track(
-                &mut self.stats,
-                CallKind::RecordEvent,
-                self.backend.record_event(s),
-            ) {
-                Ok(e) => recorded.push((s, e)),
-                Err(e) => {
-                    for (_, ev) in recorded {
-                        self.release_event(ev);
-                    }
-                    self.blocks.at_mut(id).stream_uses = uses;
-                    return Err(e.into());
-                }
-            }
-        }
+        let recorded = self.blocks.at(id).stream_uses.record_events(
+            &self.backend,
+            &mut self.stats,
+            &mut self.deferred,
+        )?;
         self.active.remove(&ptr.get());
         let b = self.blocks.at_mut(id);
+        b.stream_uses = Default::default();
         b.allocated = false;
         b.event_count = recorded.len();
         let (kind, size) = (b.pool, b.size);
-        self.stats.allocation.decrease(kind, 1);
-        self.stats.allocated_bytes.decrease(kind, size as u64);
+        self.stats.count_deallocated(kind, size);
         if size >= self.conf.max_split_size.unwrap_or(usize::MAX) {
             self.oversize_allocations -= 1;
         }
@@ -81,9 +69,7 @@ impl<B: Backend> State<B> {
         let s = &mut self.stats;
         apply(&mut s.inactive_split, kind, net_blocks);
         apply(&mut s.inactive_split_bytes, kind, net_bytes);
-        s.active.decrease(kind, 1);
-        s.active_bytes.decrease(kind, original_size as u64);
-        s.requested_bytes.decrease(kind, requested as u64);
+        s.count_inactive(kind, original_size, requested);
     }
 
     /// `try_merge_blocks(dst, src)`: absorbs `src` into `dst` if it is free and idle; returns the
@@ -126,9 +112,7 @@ impl<B: Backend> State<B> {
             .get(&ptr.get())
             .ok_or(AllocError::InvalidPointer(ptr))?;
         let b = self.blocks.at_mut(id);
-        if stream != b.stream && !b.stream_uses.contains(&stream) {
-            b.stream_uses.push(stream);
-        }
+        b.stream_uses.record(b.stream, stream);
         Ok(())
     }
 
@@ -156,36 +140,18 @@ impl<B: Backend> State<B> {
         }
     }
 
-    /// Releases an event; one the backend refuses is kept in `stale_events` and released later,
-    /// never forgotten (it would stay live in the backend for good).
-    fn release_event(&mut self, event: crate::backend::EventId) {
-        let released = track(
-            &mut self.stats,
-            CallKind::ReleaseEvent,
-            self.backend.release_event(event),
-        );
-        if released.is_err() {
-            self.stale_events.push(event);
-        }
-    }
-
-    /// Tries again to give back what earlier failures left (stale events, debris of device
-    /// allocations and frees); stops at the first error, keeping the rest.
+    /// Tries again to give back what earlier failures left (Note [Deferred releases]): events,
+    /// then what device allocations and frees left; returns the first error, keeping the rest.
     fn give_back_leftovers(&mut self) -> Result<(), BackendError> {
-        while let Some(&e) = self.stale_events.last() {
-            let released = self.backend.release_event(e);
-            track(&mut self.stats, CallKind::ReleaseEvent, released)?;
-            self.stale_events.pop();
-        }
-        while let Some(d) = self.debris.last_mut() {
-            d.give_back(&self.backend, &mut self.stats)?;
-            self.debris.pop();
-        }
-        Ok(())
+        let (backend, stats) = (&self.backend, &mut self.stats);
+        self.deferred.retry_events(backend, stats)?;
+        self.deferred
+            .retry_leftovers(backend, stats, &mut release_handle)
     }
 
     fn event_done(&mut self, event: crate::backend::EventId, id: BlockId) {
-        self.release_event(event);
+        self.deferred
+            .release_event(&self.backend, &mut self.stats, event);
         let b = self.blocks.at_mut(id);
         b.event_count -= 1;
         if b.event_count == 0 {
@@ -230,13 +196,9 @@ impl<B: Backend> State<B> {
 
     /// The free blocks of a pool that are whole segments, in pool order.
     fn unsplit_free(&self, kind: PoolKind) -> Vec<BlockId> {
-        let pool = match kind {
-            PoolKind::Small => &self.small,
-            PoolKind::Large => &self.large,
-        };
-        pool.blocks
+        self.pool_of(kind)
             .iter()
-            .map(|&(_, _, _, id)| id)
+            .map(|k| k.id)
             .filter(|&id| !self.blocks.at(id).is_split())
             .collect()
     }
@@ -249,12 +211,12 @@ impl<B: Backend> State<B> {
             return Ok(());
         };
         // If the unmap worked but the rest did not, the segment is gone all the same (its memory
-        // is unmapped: its block must never be handed out again); what is left becomes debris.
+        // is unmapped: its block must never be handed out again); what is left is deferred.
         let failed = match device_free(&self.backend, &mut self.stats, &seg) {
             Ok(()) => None,
             Err(FreeFailed::Untouched(e)) => return Err(e.into()),
             Err(FreeFailed::Partly(e, left)) => {
-                self.debris.push(*left);
+                self.deferred.keep(*left);
                 Some(e)
             }
         };
@@ -290,11 +252,10 @@ impl<B: Backend> State<B> {
         // No single block is large enough: free oversize blocks of this stream, largest first.
         let candidates: Vec<(usize, BlockId)> = self
             .pool(kind)
-            .blocks
-            .range(..(stream, key, 0, 0))
+            .below(stream, key)
             .rev()
-            .take_while(|&&(s, len, _, _)| s == stream && len >= max_split)
-            .map(|&(_, len, _, id)| (len, id))
+            .take_while(|k| k.stream == stream && k.size >= max_split)
+            .map(|k| (k.size, k.id))
             .collect();
         let mut released = 0;
         for (len, id) in candidates {

@@ -5,12 +5,14 @@ use std::collections::{BTreeMap, VecDeque};
 
 use rustc_hash::FxHashMap;
 
-use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
+use crate::backend::{Access, Backend, EventId, StreamId};
 use crate::classic::blocks::{Arena, Block, BlockId, Pool};
-use crate::classic::device::{device_alloc, Debris, DeviceSegment};
-use crate::config::{get_allocation_size, round_size, AllocConf, ONE_EXA_BYTES, SMALL_SIZE};
-use crate::error::{AllocError, BackendError, OomReport};
-use crate::expandable::track;
+use crate::classic::device::{device_alloc, DeviceSegment};
+use crate::config::{get_allocation_size, AllocConf, SMALL_SIZE};
+use crate::error::{AllocError, BackendError};
+use crate::mechanism::deferred::Deferred;
+use crate::mechanism::oom::oom_report;
+use crate::mechanism::request::Request;
 use crate::stats::{MemoryStats, PoolKind};
 use crate::units::DevAddr;
 
@@ -33,11 +35,10 @@ pub(crate) struct State<B: Backend> {
     /// Per stream, FIFO: events of blocks used on that stream (`cuda_events`).
     pub(crate) events: BTreeMap<StreamId, VecDeque<(EventId, BlockId)>>,
     pub(crate) stats: MemoryStats,
-    /// What failed `cudaMalloc` rollbacks and half-done `cudaFree`s could not give back yet
-    /// (outside every segment and stat), retried by `release_cached_blocks` and at teardown.
-    pub(crate) debris: Vec<Debris>,
-    /// Events whose release failed, retried likewise (never forgotten in the backend).
-    pub(crate) stale_events: Vec<EventId>,
+    /// What failed `cudaMalloc` rollbacks, half-done `cudaFree`s and event releases could not
+    /// give back yet (outside every segment and stat), retried by `release_cached_blocks` and
+    /// at teardown (Note [Deferred releases]).
+    pub(crate) deferred: Deferred,
     /// `oversize_allocations`, `oversize_segments` (current).
     pub(crate) oversize_allocations: u64,
     pub(crate) oversize_segments: u64,
@@ -74,14 +75,31 @@ impl<B: Backend> State<B> {
             segments: BTreeMap::new(),
             events: BTreeMap::new(),
             stats: MemoryStats::default(),
-            debris: Vec::new(),
-            stale_events: Vec::new(),
+            deferred: Deferred::default(),
             oversize_allocations: 0,
             oversize_segments: 0,
             mallocs: 0,
             segment_log: None,
             segment_log_base: 0,
         })
+    }
+
+    /// The first block of each segment, by the segment's address: where a walk of its blocks
+    /// starts.
+    pub(crate) fn first_blocks(&self) -> FxHashMap<u64, BlockId> {
+        self.blocks
+            .iter()
+            .filter(|(_, b)| b.prev.is_none())
+            .map(|(id, b)| (b.ptr, id))
+            .collect()
+    }
+
+    /// The free blocks of pool `kind`.
+    pub(crate) fn pool_of(&self, kind: PoolKind) -> &Pool {
+        match kind {
+            PoolKind::Small => &self.small,
+            PoolKind::Large => &self.large,
+        }
     }
 
     pub(crate) fn pool(&mut self, kind: PoolKind) -> &mut Pool {
@@ -101,20 +119,14 @@ impl<B: Backend> State<B> {
         orig_size: usize,
         stream: StreamId,
     ) -> Result<crate::Allocation, AllocError> {
-        if orig_size == 0 {
-            return Err(AllocError::InvalidSize { size: 0 });
-        }
-        if orig_size > ONE_EXA_BYTES {
-            return Err(AllocError::TooLarge { size: orig_size });
-        }
+        // `round_size` cannot fail below 1 EB, so checking before `process_events` (PyTorch
+        // rounds after it) changes nothing.
+        let Request {
+            rounded: size,
+            pool: kind,
+            ..
+        } = Request::new(orig_size, &self.conf.roundup_power2_divisions)?;
         self.process_events();
-        let size = round_size(orig_size, &self.conf.roundup_power2_divisions)
-            .ok_or(AllocError::TooLarge { size: orig_size })?;
-        let kind = if size <= SMALL_SIZE {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
         let alloc_size = get_allocation_size(size, self.conf.large_segment_size)
             .ok_or(AllocError::TooLarge { size: orig_size })?;
         let mut found = self.get_free_block(kind, stream, size);
@@ -227,12 +239,7 @@ impl<B: Backend> State<B> {
         b.requested = requested;
         let (ptr, len, stream, kind) = (b.ptr, b.size, b.stream, b.pool);
         self.active.insert(ptr, id);
-        let s = &mut self.stats;
-        s.allocation.increase(kind, 1);
-        s.allocated_bytes.increase(kind, len as u64);
-        s.active.increase(kind, 1);
-        s.active_bytes.increase(kind, len as u64);
-        s.requested_bytes.increase(kind, requested as u64);
+        self.stats.count_allocated(kind, len, requested);
         if len >= max_split(&self.conf) {
             self.oversize_allocations += 1;
         }
@@ -251,14 +258,14 @@ impl<B: Backend> State<B> {
         let b = self.blocks.at_mut(id);
         b.gc_count_base = clock;
         let key = b.key(id);
-        self.pool(kind).blocks.insert(key);
+        self.pool(kind).insert(key);
     }
 
     /// Takes a free block out of its pool.
     pub(crate) fn remove_from_pool(&mut self, id: BlockId) {
         let b = self.blocks.at(id);
         let (kind, key) = (b.pool, b.key(id));
-        self.pool(kind).blocks.remove(&key);
+        self.pool(kind).remove(&key);
     }
 
     /// `alloc_block`: a new segment of `alloc_size`, unless the memory fraction or the device
@@ -318,24 +325,20 @@ impl<B: Backend> State<B> {
             &mut self.stats,
             size,
             &self.access,
-            &mut self.debris,
+            &mut self.deferred,
         )
     }
 
     pub(crate) fn oom(&mut self, alloc_size: usize) -> AllocError {
-        let free = track(&mut self.stats, CallKind::MemInfo, self.backend.mem_info())
-            .map(|i| i.free as u64)
-            .unwrap_or(0);
-        let allocated = self.stats.allocated_bytes.all.current;
-        let reserved = self.stats.reserved_bytes.all.current;
-        AllocError::OutOfMemory(Box::new(OomReport {
-            device: self.backend.device(),
-            tried: alloc_size as u64,
-            total: self.device_total as u64,
-            free,
-            allowed: self.allowed_memory_maximum.map(|m| m as u64),
-            allocated,
-            reserved_unallocated: reserved.saturating_sub(allocated),
-        }))
+        let held = self.stats.reserved_bytes.all.current;
+        let allowed = self.allowed_memory_maximum;
+        oom_report(
+            &self.backend,
+            &mut self.stats,
+            alloc_size,
+            self.device_total,
+            allowed,
+            held,
+        )
     }
 }

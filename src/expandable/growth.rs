@@ -10,15 +10,19 @@
 //! before (pytorch#188008 terminates the process there).
 //!
 //! Note [Remap]: when `create` reports out-of-memory, a fully-free chunk of any segment (any
-//! stream, after that stream's queued work is done: Note [Syncs] in `state.rs`) is unmapped and
+//! stream, after that stream's queued work is done: Note [Syncs] in `free.rs`) is unmapped and
 //! its handle mapped where the growth needs it. Live blocks never move, so every address handed
 //! out stays valid; waste is bounded by partially used pages, not by where live blocks happen to
 //! sit.
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
+use crate::error::BackendError;
 use crate::expandable::pieces::{Kind, PieceId};
 use crate::expandable::segment::{Chunk, FreeChunk, Segment};
-use crate::expandable::state::{track, GrowFail, State};
+use crate::expandable::size_index::StreamPool;
+use crate::expandable::state::State;
+use crate::mechanism::counters::track;
+use crate::mechanism::deferred::Leftover;
 use crate::stats::PoolKind;
 use crate::units::DevAddr;
 
@@ -190,7 +194,7 @@ impl<B: Backend> State<B> {
             self.backend.reserve(va_len),
         )?;
         let key = va.start.get();
-        let slot = self.index.slot((stream, pool));
+        let slot = self.index.slot(StreamPool { stream, pool });
         let tail = self.pieces.new_tiling(key, va.len);
         self.segments
             .insert(key, Segment::new(va, stream, pool, slot, tail));
@@ -323,17 +327,16 @@ impl<B: Backend> State<B> {
         if target.new_segment {
             // The segment this growth reserved goes, whatever happens: a failed call must leave
             // the allocator as it was. What the driver will not give back yet (the reservation,
-            // chunks it would not unmap) is kept aside and given back later (Note [Abandoned]).
+            // chunks it would not unmap) is deferred (Note [Deferred releases]): no segment any
+            // more, nothing can be allocated in it, no statistic but `stuck_bytes` counts it.
             if let Some(seg) = self.segments.remove(&target.seg) {
                 self.pieces.release_tiling(seg.tail);
                 self.stats.segment.decrease(seg.pool, 1);
-                let abandoned = Abandoned {
-                    va: seg.va,
-                    stuck: seg.stuck.into_iter().collect(),
-                };
-                if let Err(left) = self.give_back_abandoned(abandoned) {
-                    self.abandoned.push(left);
+                let mut left = Leftover::reservation(seg.va);
+                for (at, c) in seg.stuck {
+                    left = left.with_mapping(DevAddr::new(at), c.len, c.handle);
                 }
+                self.give_back_or_defer(left);
             }
         }
         cause
@@ -384,33 +387,20 @@ impl<B: Backend> State<B> {
     }
 }
 
-/// Note [Abandoned]: a rolled-back growth's new segment whose reservation the driver refused to
-/// free, or holding chunks it refused to unmap. It is no segment any more (nothing can be
-/// allocated in it, no statistic counts it), but what it holds must not leak: `empty_cache`
-/// tries again to give it back, and teardown does.
-#[derive(Debug)]
-pub(crate) struct Abandoned {
-    pub(crate) va: crate::units::VaRange,
-    pub(crate) stuck: Vec<(u64, Chunk)>,
+/// Why a growth failed.
+pub(crate) enum GrowFail {
+    /// No physical memory (or address space) could be found: try harder, or report OOM.
+    OutOfMemory,
+    /// The backend failed for another reason: report it.
+    Backend(BackendError),
 }
 
-impl<B: Backend> State<B> {
-    /// Unmaps an abandoned segment's chunks (their handles to the cache or released) and frees
-    /// its reservation; on a failure returns what is left, to be tried again later.
-    pub(crate) fn give_back_abandoned(&mut self, mut a: Abandoned) -> Result<(), Abandoned> {
-        while let Some(&(at, chunk)) = a.stuck.last() {
-            let unmapped = self.backend.unmap(DevAddr::new(at), chunk.len);
-            if track(&mut self.stats, CallKind::Unmap, unmapped).is_err() {
-                return Err(a);
-            }
-            a.stuck.pop();
-            // A failed release keeps the handle in the cache (released by a later trim).
-            let _ = self.unmapped_handle(chunk);
+impl From<BackendError> for GrowFail {
+    fn from(e: BackendError) -> Self {
+        if e.is_out_of_memory() {
+            GrowFail::OutOfMemory
+        } else {
+            GrowFail::Backend(e)
         }
-        let freed = self.backend.free_reservation(a.va);
-        if track(&mut self.stats, CallKind::FreeReservation, freed).is_err() {
-            return Err(a);
-        }
-        Ok(())
     }
 }

@@ -7,7 +7,11 @@
 
 use std::collections::BTreeMap;
 
-use crate::backend::PhysHandle;
+use crate::backend::{Backend, CallKind, PhysHandle};
+use crate::error::BackendError;
+use crate::mechanism::counters::track;
+use crate::mechanism::violation::InvariantViolation;
+use crate::stats::MemoryStats;
 
 #[derive(Default, Debug)]
 pub(crate) struct HandleCache {
@@ -17,6 +21,28 @@ pub(crate) struct HandleCache {
 }
 
 impl HandleCache {
+    /// What becomes of a handle unmapped for good: kept here when `cached` (the handle cache is
+    /// on), else released; one whose release fails is kept here all the same, so it is never
+    /// lost (the next trim releases it again).
+    pub(crate) fn keep_or_release<B: Backend>(
+        &mut self,
+        cached: bool,
+        backend: &B,
+        stats: &mut MemoryStats,
+        handle: PhysHandle,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        if cached {
+            self.put(handle, len);
+            return Ok(());
+        }
+        let result = track(stats, CallKind::Release, backend.release(handle));
+        if result.is_err() {
+            self.put(handle, len);
+        }
+        result
+    }
+
     pub(crate) fn put(&mut self, handle: PhysHandle, len: usize) {
         self.by_len.entry(len).or_default().push(handle);
         self.bytes += len;
@@ -63,10 +89,25 @@ impl HandleCache {
         self.count
     }
 
-    /// Whether the running totals equal the lists' sums: for `check`.
-    pub(crate) fn consistent(&self) -> bool {
+    /// Checks that the running totals equal the lists' sums and that no list is empty.
+    pub(crate) fn check(&self) -> Result<(), InvariantViolation> {
         let count: usize = self.by_len.values().map(Vec::len).sum();
         let bytes: usize = self.by_len.iter().map(|(len, v)| len * v.len()).sum();
-        (count, bytes) == (self.count, self.bytes) && self.by_len.values().all(|v| !v.is_empty())
+        let what = "handle cache: handles kept, against its lists (no list empty)";
+        if count != self.count || self.by_len.values().any(Vec::is_empty) {
+            return Err(InvariantViolation::Count {
+                what,
+                kept: self.count,
+                found: count,
+            });
+        }
+        if bytes != self.bytes {
+            return Err(InvariantViolation::Count {
+                what: "handle cache: bytes kept, against its lists",
+                kept: self.bytes,
+                found: bytes,
+            });
+        }
+        Ok(())
     }
 }

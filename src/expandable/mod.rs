@@ -8,18 +8,20 @@
 //! (Note \[Handle cache\]), remap-defrag (Note \[Remap\]), one set-access call per mapped run, exact
 //! rollback of a failed growth, and `max_split_size` not applied to expandable blocks.
 
+mod allocate;
 mod check;
+mod free;
+mod free_ranges;
 mod growth;
 mod handle_cache;
 mod pieces;
 mod recent_frees;
+mod release;
 mod segment;
 mod size_index;
 mod snapshot;
 mod sorted_runs;
 mod state;
-// The classic allocator counts its backend calls the same way.
-pub(crate) use state::track;
 
 use crate::sync::Mutex;
 
@@ -71,7 +73,7 @@ impl<B: Backend> ExpandableAllocator<B> {
 
     /// Checks every internal invariant (segments, free ranges, index, stats) and returns the first
     /// violation. Walks the whole state: for tests and debugging.
-    pub fn check_invariants(&self) -> Result<(), String> {
+    pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
         self.state.lock().check()
     }
 }

@@ -13,12 +13,32 @@ use crate::expandable::pieces::PieceId;
 use crate::expandable::sorted_runs::SortedRuns;
 use crate::stats::PoolKind;
 
-/// One free range: (length, start, piece). Ordered by length, then start (the piece never
-/// decides: two ranges never share a start).
-pub(crate) type Entry = (usize, u64, PieceId);
+/// One free range, as the index files it: ordered by length, then start (the piece never
+/// decides: two ranges never share a start). Field order is the order: do not reorder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct FreeRange {
+    pub(crate) len: usize,
+    pub(crate) start: u64,
+    /// The free piece of the tiling that is this range (Note [Pieces]).
+    pub(crate) piece: PieceId,
+}
+
+impl FreeRange {
+    #[inline]
+    pub(crate) const fn new(len: usize, start: u64, piece: PieceId) -> Self {
+        Self { len, start, piece }
+    }
+}
+
+/// The (stream, pool) an index serves: its key among the indexes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StreamPool {
+    pub(crate) stream: StreamId,
+    pub(crate) pool: PoolKind,
+}
 
 /// The ranges of one size class, ordered by (length, start) (Note [Sorted runs]).
-type Bin = SortedRuns<Entry>;
+type Bin = SortedRuns<FreeRange>;
 
 /// Four classes per power of two, for lengths up to 2^64.
 const CLASSES: usize = 64 * 4;
@@ -57,14 +77,15 @@ impl Default for SizeIndex {
 impl SizeIndex {
     /// Adds `e` to class `c`'s bin and marks the bin non-empty.
     #[inline]
-    fn put(&mut self, c: usize, e: Entry) {
-        self.bins[c].insert(e);
+    fn put(&mut self, c: usize, e: FreeRange) {
+        let new = self.bins[c].insert(e);
+        debug_assert!(new, "{e:?} indexed twice");
         self.nonempty[c / 64] |= 1 << (c % 64);
     }
 
     /// Takes `e` out of class `c`'s bin, marking the bin empty if it is; false if absent.
     #[inline]
-    fn take(&mut self, c: usize, e: Entry) -> bool {
+    fn take(&mut self, c: usize, e: FreeRange) -> bool {
         let bin = &mut self.bins[c];
         let removed = bin.remove(&e);
         if bin.is_empty() {
@@ -74,20 +95,20 @@ impl SizeIndex {
     }
 
     #[inline]
-    pub(crate) fn insert(&mut self, e: Entry) {
-        self.put(class_of(e.0), e);
+    pub(crate) fn insert(&mut self, e: FreeRange) {
+        self.put(class_of(e.len), e);
     }
 
     #[inline]
-    pub(crate) fn remove(&mut self, e: Entry) -> bool {
-        self.take(class_of(e.0), e)
+    pub(crate) fn remove(&mut self, e: FreeRange) -> bool {
+        self.take(class_of(e.len), e)
     }
 
     /// Replaces the entry `old` (which must be present) by `new`: in place when it keeps its
     /// class and rank (a page-sized tail carved or given back), else moved.
     #[inline]
-    pub(crate) fn replace(&mut self, old: Entry, new: Entry) {
-        let (co, cn) = (class_of(old.0), class_of(new.0));
+    pub(crate) fn replace(&mut self, old: FreeRange, new: FreeRange) {
+        let (co, cn) = (class_of(old.len), class_of(new.len));
         if co == cn && self.bins[co].replace_in_place(&old, new) {
             return;
         }
@@ -96,13 +117,13 @@ impl SizeIndex {
         self.put(cn, new);
     }
 
-    pub(crate) fn contains(&self, e: Entry) -> bool {
-        self.bins[class_of(e.0)].contains(&e)
+    pub(crate) fn contains(&self, e: FreeRange) -> bool {
+        self.bins[class_of(e.len)].contains(&e)
     }
 
     /// Every entry, in no particular order.
     #[cfg(test)]
-    fn iter(&self) -> impl Iterator<Item = Entry> + '_ {
+    fn iter(&self) -> impl Iterator<Item = FreeRange> + '_ {
         self.bins.iter().flat_map(|b| b.iter())
     }
 
@@ -113,9 +134,9 @@ impl SizeIndex {
 
     /// The smallest range of at least `len` bytes (lowest address on ties).
     #[inline]
-    pub(crate) fn best_fit(&self, len: usize) -> Option<Entry> {
+    pub(crate) fn best_fit(&self, len: usize) -> Option<FreeRange> {
         let c = class_of(len);
-        if let Some(found) = self.bins[c].first_from(&(len, 0, 0)) {
+        if let Some(found) = self.bins[c].first_from(&FreeRange::new(len, 0, 0)) {
             return Some(found);
         }
         let higher = self.next_nonempty(c + 1)?;
@@ -147,13 +168,13 @@ impl SizeIndex {
 /// for the allocator's life, so segments and blocks name theirs by slot and skip the search.
 #[derive(Debug, Default)]
 pub(crate) struct Indexes {
-    all: Vec<((StreamId, PoolKind), SizeIndex)>,
+    all: Vec<(StreamPool, SizeIndex)>,
 }
 
 impl Indexes {
     /// The slot of `key`'s index, if it has one.
     #[inline]
-    pub(crate) fn find(&self, key: (StreamId, PoolKind)) -> Option<u32> {
+    pub(crate) fn find(&self, key: StreamPool) -> Option<u32> {
         self.all
             .iter()
             .position(|(k, _)| *k == key)
@@ -161,7 +182,7 @@ impl Indexes {
     }
 
     /// The slot of `key`'s index, created empty on first use.
-    pub(crate) fn slot(&mut self, key: (StreamId, PoolKind)) -> u32 {
+    pub(crate) fn slot(&mut self, key: StreamPool) -> u32 {
         match self.find(key) {
             Some(i) => i,
             None => {
@@ -173,7 +194,7 @@ impl Indexes {
 
     /// The (stream, pool) of the index in `slot`.
     #[inline]
-    pub(crate) fn key(&self, slot: u32) -> (StreamId, PoolKind) {
+    pub(crate) fn key(&self, slot: u32) -> StreamPool {
         self.all[slot as usize].0
     }
 
@@ -202,30 +223,46 @@ mod tests {
     use super::*;
 
     fn fit(ix: &SizeIndex, len: usize) -> Option<(usize, u64)> {
-        ix.best_fit(len).map(|(l, at, _)| (l, at))
+        ix.best_fit(len).map(|r| (r.len, r.start))
     }
 
     #[test]
     fn replace_keeps_the_order_whether_or_not_the_rank_changes() {
         let mut ix = SizeIndex::default();
         for (i, at) in [0x1000u64, 0x3000, 0x5000].into_iter().enumerate() {
-            ix.insert((4096, at, i as PieceId));
+            ix.insert(FreeRange::new(4096, at, i as PieceId));
         }
         // Same rank: replaced where it stands.
-        ix.replace((4096, 0x3000, 1), (4096, 0x3200, 1));
-        assert!(ix.contains((4096, 0x3200, 1)) && !ix.contains((4096, 0x3000, 1)));
+        ix.replace(
+            FreeRange::new(4096, 0x3000, 1),
+            FreeRange::new(4096, 0x3200, 1),
+        );
+        assert!(
+            ix.contains(FreeRange::new(4096, 0x3200, 1))
+                && !ix.contains(FreeRange::new(4096, 0x3000, 1))
+        );
         // A new rank in the same class, then another class.
-        ix.replace((4096, 0x5000, 2), (4096, 0x0200, 2));
+        ix.replace(
+            FreeRange::new(4096, 0x5000, 2),
+            FreeRange::new(4096, 0x0200, 2),
+        );
         assert_eq!(fit(&ix, 4096), Some((4096, 0x0200)));
-        ix.replace((4096, 0x0200, 2), (1 << 20, 0x0200, 2));
+        ix.replace(
+            FreeRange::new(4096, 0x0200, 2),
+            FreeRange::new(1 << 20, 0x0200, 2),
+        );
         assert_eq!(fit(&ix, 4096), Some((4096, 0x1000)));
         assert_eq!(fit(&ix, 4097), Some((1 << 20, 0x0200)));
         assert_eq!(ix.len(), 3);
-        let mut all: Vec<Entry> = ix.iter().collect();
+        let mut all: Vec<FreeRange> = ix.iter().collect();
         all.sort_unstable();
         assert_eq!(
             all,
-            vec![(4096, 0x1000, 0), (4096, 0x3200, 1), (1 << 20, 0x0200, 2)]
+            vec![
+                FreeRange::new(4096, 0x1000, 0),
+                FreeRange::new(4096, 0x3200, 1),
+                FreeRange::new(1 << 20, 0x0200, 2)
+            ]
         );
     }
 
@@ -261,17 +298,17 @@ mod tests {
             .map(|i| (4096 + 512 * (i % 2) as usize, 0x10_0000 * (200 - i)))
             .collect();
         for &(len, at) in &ranges {
-            ix.insert((len, at, 7));
+            ix.insert(FreeRange::new(len, at, 7));
         }
         assert_eq!(ix.len(), 200);
         assert_eq!(fit(&ix, 4096), Some((4096, 0x10_0000 * 2)));
         assert_eq!(fit(&ix, 4097), Some((4608, 0x10_0000)));
         for &(len, at) in &ranges[..190] {
-            assert!(ix.remove((len, at, 7)));
+            assert!(ix.remove(FreeRange::new(len, at, 7)));
         }
         assert_eq!(ix.len(), 10);
         for &(len, at) in &ranges[190..] {
-            assert!(ix.contains((len, at, 7)));
+            assert!(ix.contains(FreeRange::new(len, at, 7)));
         }
         assert_eq!(fit(&ix, 4096), Some((4096, 0x10_0000 * 2)));
     }
@@ -285,14 +322,14 @@ mod tests {
             (4096, 0x5000),
             (1 << 30, 0x10),
         ] {
-            ix.insert((len, at, 7));
+            ix.insert(FreeRange::new(len, at, 7));
         }
         assert_eq!(fit(&ix, 2048), Some((2048, 0x1000)));
         assert_eq!(fit(&ix, 2049), Some((4096, 0x5000)));
         assert_eq!(fit(&ix, 5000), Some((1 << 30, 0x10)));
         assert_eq!(fit(&ix, (1 << 30) + 1), None);
-        assert!(ix.remove((4096, 0x5000, 7)));
-        assert!(!ix.remove((4096, 0x5000, 7)));
+        assert!(ix.remove(FreeRange::new(4096, 0x5000, 7)));
+        assert!(!ix.remove(FreeRange::new(4096, 0x5000, 7)));
         assert_eq!(fit(&ix, 2049), Some((4096, 0x9000)));
         assert_eq!(ix.len(), 3);
     }

@@ -67,16 +67,7 @@ impl<B: Backend> State<B> {
                 let _ = self.backend.release_event(e);
             }
         }
-        for e in std::mem::take(&mut self.unreleased_events) {
-            let _ = self.backend.release_event(e);
-        }
-        for a in std::mem::take(&mut self.abandoned) {
-            for (at, c) in a.stuck {
-                let _ = self.backend.unmap(DevAddr::new(at), c.len);
-                let _ = self.backend.release(c.handle);
-            }
-            let _ = self.backend.free_reservation(a.va);
-        }
+        self.deferred.abandon_all(&self.backend);
         for seg in std::mem::take(&mut self.segments).into_values() {
             for (&at, c) in seg.chunks.iter().chain(&seg.stuck) {
                 let _ = self.backend.unmap(DevAddr::new(at), c.len);

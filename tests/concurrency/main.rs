@@ -237,11 +237,12 @@ const HOST_SHAPE: Shape = Shape {
 };
 
 fn expandable_invariants<B: vmm_alloc::Backend>(a: &ExpandableAllocator<B>) -> Result<(), String> {
-    a.check_invariants()
+    a.check_invariants().map_err(|e| e.to_string())
 }
 
-/// Classic has no invariant walk of its own: the snapshot checks stand for it.
+/// Classic's invariant walk, and the snapshot checks.
 fn classic_invariants<B: vmm_alloc::Backend>(a: &ClassicAllocator<B>) -> Result<(), String> {
+    a.check_invariants().map_err(|e| e.to_string())?;
     check_snapshot(&a.snapshot()).map(|_| ())
 }
 

@@ -23,7 +23,7 @@ pub trait Under: Allocator {
 
 impl<B: Backend> Under for ExpandableAllocator<B> {
     fn internal_check(&self) -> Result<(), String> {
-        self.check_invariants()
+        self.check_invariants().map_err(|e| e.to_string())
     }
     fn classic(&self) -> bool {
         false
@@ -32,7 +32,7 @@ impl<B: Backend> Under for ExpandableAllocator<B> {
 
 impl<B: Backend> Under for ClassicAllocator<B> {
     fn internal_check(&self) -> Result<(), String> {
-        Ok(())
+        self.check_invariants().map_err(|e| e.to_string())
     }
     fn classic(&self) -> bool {
         true

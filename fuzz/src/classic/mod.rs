@@ -50,7 +50,7 @@ fn faults_on<B: EmulatedBackend>(
     faults::run(
         b,
         |b| ClassicAllocator::with_alloc_conf(b, conf),
-        &|_: &ClassicAllocator<B>| Ok(()),
+        &|a: &ClassicAllocator<B>| a.check_invariants().map_err(|e| e.to_string()),
         true,
         ops,
         tally,

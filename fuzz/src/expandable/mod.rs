@@ -103,7 +103,7 @@ fn run_on<B: EmulatedBackend>(
         Ops::Faults(ops) => faults::run(
             b,
             |b| ExpandableAllocator::new(b, s.config.clone()),
-            &|a: &ExpandableAllocator<B>| a.check_invariants(),
+            &|a: &ExpandableAllocator<B>| a.check_invariants().map_err(|e| e.to_string()),
             EMPTY_CACHE_FAULTS,
             ops,
             tally,

@@ -226,6 +226,7 @@ pub fn run(
     for (step, op) in ops.iter().enumerate() {
         rig.apply(op).map_err(|e| fail(step, e))?;
         rig.check().map_err(|e| fail(step, e))?;
+        rig.alloc.check_invariants().map_err(|e| fail(step, e))?;
     }
     rig.teardown(free_all).map_err(|e| fail(ops.len(), e))
 }

@@ -1,0 +1,129 @@
+//! `allocate`: best fit from the free ranges of the request's (stream, pool), else growth, else
+//! PyTorch's last resort (give every free page back and retry), else the OOM report.
+
+use crate::backend::{Backend, StreamId};
+use crate::error::AllocError;
+use crate::expandable::growth::GrowFail;
+use crate::expandable::pieces::PieceId;
+use crate::expandable::size_index::{FreeRange, StreamPool};
+use crate::expandable::state::{Block, State};
+use crate::mechanism::oom::oom_report;
+use crate::mechanism::request::Request;
+use crate::mechanism::stream_uses::StreamUses;
+use crate::stats::PoolKind;
+use crate::units::DevAddr;
+
+impl<B: Backend> State<B> {
+    pub(crate) fn allocate(
+        &mut self,
+        size: usize,
+        stream: StreamId,
+    ) -> Result<crate::Allocation, AllocError> {
+        let Request {
+            size,
+            rounded,
+            pool,
+        } = Request::new(size, &self.config.roundup_power2_divisions)?;
+        // Without sync only queries run, and a failing query just leaves its block pending.
+        let _ = self.process_events(false);
+        let (slot, free) = match self.find_free(stream, pool, rounded) {
+            Some(found) => found,
+            None => {
+                let grown = self.grow_or_oom(stream, pool, rounded);
+                self.trim_to_bound();
+                grown?
+            }
+        };
+        let at = self.pieces.get(free).start;
+        debug_assert!(
+            self.pieces.get(free).len >= rounded,
+            "growth returns a free range that fits"
+        );
+        let piece = self.take_front(slot, free, rounded);
+        self.live.insert(
+            at,
+            Block {
+                piece,
+                slot,
+                requested: size,
+                uses: StreamUses::default(),
+            },
+        );
+        self.recent_frees.forget(at);
+        self.stats.count_allocated(pool, rounded, size);
+        Ok(crate::Allocation {
+            ptr: DevAddr::new(at),
+            size: rounded,
+            requested: size,
+            stream,
+        })
+    }
+
+    /// Best fit: the smallest free range of (stream, pool) that holds `rounded`, lowest address
+    /// on ties. With `faithful_oversize`, PyTorch's `max_split_size` rules apply.
+    /// Returns the index's slot and the range's piece.
+    fn find_free(
+        &self,
+        stream: StreamId,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Option<(u32, PieceId)> {
+        let slot = self.index.find(StreamPool { stream, pool })?;
+        let FreeRange { len, piece: id, .. } = self.index.at(slot).best_fit(rounded)?;
+        if self.config.faithful_oversize {
+            if let Some(max_split) = self.config.max_split_size {
+                if rounded < max_split && len >= max_split {
+                    return None;
+                }
+                if rounded >= max_split
+                    && len >= rounded.saturating_add(self.config.max_non_split_rounding)
+                {
+                    return None;
+                }
+            }
+        }
+        Some((slot, id))
+    }
+
+    /// Grows a segment so that a free piece holds `rounded`, retrying once after giving every
+    /// free page back; returns the index slot and the piece.
+    fn grow_or_oom(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Result<(u32, PieceId), AllocError> {
+        match self.grow(stream, pool, rounded) {
+            Ok(at) => return Ok(at),
+            Err(GrowFail::Backend(e)) => return Err(e.into()),
+            Err(GrowFail::OutOfMemory) => {}
+        }
+        // Last resort, as PyTorch: wait for every pending free, give every free page back, retry.
+        self.stats.num_alloc_retries += 1;
+        self.release_cached(false)?;
+        if let Some(found) = self.find_free(stream, pool, rounded) {
+            return Ok(found);
+        }
+        match self.grow(stream, pool, rounded) {
+            Ok(at) => Ok(at),
+            Err(GrowFail::Backend(e)) => Err(e.into()),
+            Err(GrowFail::OutOfMemory) => {
+                self.stats.num_ooms += 1;
+                Err(self.oom_report(rounded))
+            }
+        }
+    }
+
+    fn oom_report(&mut self, tried: usize) -> AllocError {
+        let held = self.stats.reserved_bytes.all.current + self.cache.bytes() as u64;
+        let allowed = (self.config.memory_fraction < 1.0).then_some(self.limit);
+        oom_report(
+            &self.backend,
+            &mut self.stats,
+            tried,
+            self.device_total,
+            allowed,
+            held,
+        )
+    }
+}

@@ -1,0 +1,91 @@
+//! The invariants that span segments: piece and index counts, live blocks, statistics.
+
+use crate::backend::Backend;
+use crate::expandable::check::Sums;
+use crate::expandable::state::State;
+use crate::mechanism::violation::{
+    allocated_within_reserved, stat_equals, InvariantViolation as V,
+};
+use crate::units::DevAddr;
+
+impl<B: Backend> State<B> {
+    /// Every piece in use is in a tiling; every index entry is a free piece; the handle cache's
+    /// counts match its lists.
+    pub(super) fn check_counts(&self, sums: &Sums) -> Result<(), V> {
+        if sums.pieces != self.pieces.in_use() {
+            return Err(V::Count {
+                what: "pieces in use, against the pieces of the tilings",
+                kept: self.pieces.in_use(),
+                found: sums.pieces,
+            });
+        }
+        let indexed = self.index.len();
+        if indexed != sums.free_ranges {
+            return Err(V::IndexCount {
+                indexed,
+                free: sums.free_ranges,
+            });
+        }
+        self.cache.check()
+    }
+
+    /// Live blocks are aligned, mapped, at least their request; no two blocks overlap.
+    pub(super) fn check_live_blocks(&self) -> Result<(), V> {
+        let mut spans: Vec<(u64, u64)> = Vec::new();
+        for (&at, b) in &self.live {
+            let size = self.size_of(b);
+            let placed = V::BlockPlacement {
+                at: DevAddr::new(at),
+                len: size,
+            };
+            let seg = self.segment_of(at).and_then(|k| self.segments.get(&k));
+            let Some(seg) = seg else {
+                return Err(placed);
+            };
+            if at % 512 != 0 || size < b.requested {
+                return Err(placed);
+            }
+            if !seg.is_mapped(at, size) {
+                return Err(V::Unmapped {
+                    at: DevAddr::new(at),
+                    len: size,
+                });
+            }
+            spans.push((at, at + size as u64));
+        }
+        for p in &self.pending {
+            spans.push((p.addr, p.addr + self.size_of(&p.block) as u64));
+        }
+        spans.sort_unstable();
+        match spans.windows(2).find(|w| w[0].1 > w[1].0) {
+            Some(w) => Err(V::Overlap {
+                first: DevAddr::new(w[0].0),
+                second: DevAddr::new(w[1].0),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The statistics equal the sums over the state.
+    pub(super) fn check_stats(&self, sums: &Sums) -> Result<(), V> {
+        let s = &self.stats;
+        let (live, pending) = (self.live.len() as u64, self.pending.len() as u64);
+        stat_equals(
+            "reserved_bytes",
+            s.reserved_bytes.all.current,
+            sums.mapped as u64,
+        )?;
+        stat_equals(
+            "allocated_bytes",
+            s.allocated_bytes.all.current,
+            sums.live as u64,
+        )?;
+        let active_bytes = (sums.live + sums.pending) as u64;
+        stat_equals("active_bytes", s.active_bytes.all.current, active_bytes)?;
+        stat_equals("allocation", s.allocation.all.current, live)?;
+        stat_equals("active", s.active.all.current, live + pending)?;
+        let segments = self.segments.len() as u64;
+        stat_equals("segment", s.segment.all.current, segments)?;
+        allocated_within_reserved(s)
+    }
+}

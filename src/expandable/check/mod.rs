@@ -1,0 +1,84 @@
+//! `check`: every invariant of the expandable allocator, as equations over the whole state.
+//!
+//! One walk per segment (`segment.rs`: its chunks, its tiling, its blocks), then what spans the
+//! segments (`global.rs`: piece and index counts, live blocks, statistics). Each broken rule is
+//! an [`InvariantViolation`] naming the rule and the place.
+
+mod global;
+mod segment;
+
+use crate::backend::Backend;
+use crate::expandable::state::State;
+use crate::mechanism::violation::InvariantViolation;
+
+/// What the walk of one segment adds to the totals the global checks compare.
+#[derive(Default)]
+struct Sums {
+    /// Pieces in the tilings.
+    pieces: usize,
+    /// Free pieces, each of which must be an index entry.
+    free_ranges: usize,
+    /// Bytes mapped (chunks).
+    mapped: usize,
+    /// Bytes of live blocks.
+    live: usize,
+    /// Bytes of freed blocks waiting for events.
+    pending: usize,
+}
+
+impl<B: Backend> State<B> {
+    /// Checks every invariant; returns the first violation.
+    pub(crate) fn check(&self) -> Result<(), InvariantViolation> {
+        let mut sums = Sums::default();
+        for (&key, seg) in &self.segments {
+            self.check_segment(key, seg, &mut sums)?;
+        }
+        self.check_counts(&sums)?;
+        self.check_live_blocks()?;
+        self.check_stats(&sums)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::StreamId;
+    use crate::config::ExpandableConfig;
+    use crate::expandable::state::State;
+    use crate::mechanism::violation::InvariantViolation as V;
+    use crate::SimBackend;
+
+    #[test]
+    fn a_stat_out_of_step_is_named() {
+        let mut s = State::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
+        let a = s.allocate(3 << 20, StreamId::DEFAULT).unwrap();
+        let _live = s.allocate(5000, StreamId::DEFAULT).unwrap();
+        s.deallocate(a.ptr()).unwrap();
+        s.check().unwrap();
+        s.stats.active_bytes.all.current -= 512;
+        let v = s.check().unwrap_err();
+        assert!(
+            matches!(
+                v,
+                V::Stat {
+                    name: "active_bytes",
+                    ..
+                }
+            ),
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn a_free_range_missing_from_the_index_is_found() {
+        let mut s = State::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
+        let a = s.allocate(3 << 20, StreamId::DEFAULT).unwrap();
+        s.deallocate(a.ptr()).unwrap();
+        let seg = *s.segments.keys().next().unwrap();
+        let (at, len, id) = s.free_pieces(&s.segments[&seg])[0];
+        let slot = s.segments[&seg].slot;
+        let range = crate::expandable::size_index::FreeRange::new(len, at, id);
+        assert!(s.index.at_mut(slot).remove(range));
+        let v = s.check().unwrap_err();
+        assert!(matches!(v, V::NotIndexed { len: l, .. } if l == len), "{v}");
+    }
+}

@@ -1,0 +1,174 @@
+//! Giving memory back: `empty_cache` (PyTorch's `release_cached_blocks`), unmapping free
+//! chunks, freeing empty segments, trimming the handle cache, retrying what the driver refused.
+
+use crate::backend::{Backend, CallKind, PhysHandle};
+use crate::error::{AllocError, BackendError};
+use crate::expandable::pieces::PieceId;
+use crate::expandable::segment::{Chunk, FreeChunk};
+use crate::expandable::state::State;
+use crate::mechanism::counters::track;
+use crate::mechanism::deferred::Leftover;
+use crate::stats::MemoryStats;
+use crate::units::DevAddr;
+
+impl<B: Backend> State<B> {
+    pub(crate) fn empty_cache(&mut self) -> Result<(), AllocError> {
+        self.release_cached(true)
+    }
+
+    /// PyTorch's `release_cached_blocks`: waits for pending frees, unmaps every fully-free page of
+    /// every segment, frees segments left with no page, and (with `trim`) releases cached handles
+    /// beyond the cache limit.
+    pub(crate) fn release_cached(&mut self, trim: bool) -> Result<(), AllocError> {
+        self.process_events(true)?;
+        // What the driver refused before is tried again; what it refuses again stays deferred.
+        let _ = self.retry_deferred();
+        let keys: Vec<u64> = self.segments.keys().copied().collect();
+        for seg in keys {
+            self.unmap_stuck(seg)?;
+            let chunks = self.free_chunks(&self.segments[&seg]);
+            if !chunks.is_empty() {
+                self.sync_before_unmap(self.segments[&seg].stream)?;
+            }
+            for c in chunks {
+                self.unmap_chunk(seg, c)?;
+                self.unmapped_handle(c.chunk)?;
+            }
+            let s = &self.segments[&seg];
+            if s.chunks.is_empty() && s.stuck.is_empty() {
+                self.free_segment(seg)?;
+            }
+        }
+        if trim {
+            self.trim_cache(self.cache_bound())?;
+        }
+        Ok(())
+    }
+
+    /// Keeps the handle of an unmapped chunk in the cache, or releases it without the cache.
+    pub(crate) fn unmapped_handle(&mut self, chunk: Chunk) -> Result<(), BackendError> {
+        self.cache.keep_or_release(
+            self.config.handle_cache,
+            &self.backend,
+            &mut self.stats,
+            chunk.handle,
+            chunk.len,
+        )
+    }
+
+    /// Releases a handle the allocator no longer needs. One whose release fails goes to the
+    /// cache, whatever the config, so it is never lost: the next trim (`trim_to_bound` keeps
+    /// none without the cache) releases it again.
+    pub(crate) fn release_or_keep(
+        &mut self,
+        h: PhysHandle,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        self.cache
+            .keep_or_release(false, &self.backend, &mut self.stats, h, len)
+    }
+
+    /// How many bytes of handles may stay cached between calls.
+    fn cache_bound(&self) -> usize {
+        if self.config.handle_cache {
+            self.config.handle_cache_limit
+        } else {
+            0
+        }
+    }
+
+    /// Tries again to unmap the chunks of `seg` a rollback left mapped (Note [Stuck chunks] in
+    /// `growth.rs`). No sync: no block was ever carved from them, so no queued work uses them.
+    fn unmap_stuck(&mut self, seg: u64) -> Result<(), BackendError> {
+        while let Some((&at, &chunk)) = self.segments[&seg].stuck.first_key_value() {
+            let unmapped = self.backend.unmap(DevAddr::new(at), chunk.len);
+            track(&mut self.stats, CallKind::Unmap, unmapped)?;
+            if let Some(s) = self.segments.get_mut(&seg) {
+                s.remove_stuck(at);
+            }
+            self.unmapped_handle(chunk)?;
+        }
+        Ok(())
+    }
+
+    /// Releases cached handles beyond the bound (`handle_cache_limit`, 0 without the cache).
+    /// The OOM retry and remap put handles in the cache in the middle of an allocation; this
+    /// runs at its end, so the bound holds between calls. A failed release leaves the handle
+    /// cached (consistent; tried again next time): the allocation's result stands.
+    pub(super) fn trim_to_bound(&mut self) {
+        let _ = self.trim_cache(self.cache_bound());
+    }
+
+    /// Unmaps one free chunk and takes it out of the free ranges; the handle is the caller's.
+    /// Returns the new free piece before the chunk, if its piece was split (`free_to_gap`).
+    pub(crate) fn unmap_chunk(
+        &mut self,
+        seg: u64,
+        free: FreeChunk,
+    ) -> Result<Option<PieceId>, BackendError> {
+        let FreeChunk { at, chunk, piece } = free;
+        track(
+            &mut self.stats,
+            CallKind::Unmap,
+            self.backend.unmap(DevAddr::new(at), chunk.len),
+        )?;
+        let front = self.free_to_gap(seg, piece, at, chunk.len);
+        let s = self.segments.get_mut(&seg).expect("live segment");
+        s.remove_chunk(at);
+        s.mapped_bytes -= chunk.len;
+        let pool = s.pool;
+        self.stats.reserved_bytes.decrease(pool, chunk.len as u64);
+        self.stats.num_device_free += 1;
+        Ok(front)
+    }
+
+    fn free_segment(&mut self, seg: u64) -> Result<(), BackendError> {
+        let va = self.segments[&seg].va;
+        track(
+            &mut self.stats,
+            CallKind::FreeReservation,
+            self.backend.free_reservation(va),
+        )?;
+        if let Some(s) = self.segments.remove(&seg) {
+            self.pieces.release_tiling(s.tail);
+            self.stats.segment.decrease(s.pool, 1);
+        }
+        Ok(())
+    }
+
+    /// Releases cached handles, largest first, until at most `keep` bytes stay cached.
+    pub(crate) fn trim_cache(&mut self, keep: usize) -> Result<(), BackendError> {
+        while self.cache.bytes() > keep {
+            let Some((h, len)) = self.cache.take_largest() else {
+                break;
+            };
+            self.release_or_keep(h, len)?;
+        }
+        Ok(())
+    }
+
+    /// Gives back `left`, the rest of a rolled-back growth's new segment, or defers what the
+    /// driver refuses (Note [Deferred releases]): unmapped handles go to the handle cache or are
+    /// released, as any unmapped handle.
+    pub(crate) fn give_back_or_defer(&mut self, left: Leftover) {
+        let (cache, cached) = (&mut self.cache, self.config.handle_cache);
+        // A failed release keeps the handle in the cache (released by a later trim).
+        let mut dispose = |b: &B, s: &mut MemoryStats, h, len| {
+            let _ = cache.keep_or_release(cached, b, s, h, len);
+            Ok(())
+        };
+        self.deferred
+            .give_back_or_keep(&self.backend, &mut self.stats, left, &mut dispose);
+    }
+
+    /// Tries again to give back what the driver refused (Note [Deferred releases]).
+    pub(crate) fn retry_deferred(&mut self) -> Result<(), BackendError> {
+        let (cache, cached) = (&mut self.cache, self.config.handle_cache);
+        let mut dispose = |b: &B, s: &mut MemoryStats, h, len| {
+            let _ = cache.keep_or_release(cached, b, s, h, len);
+            Ok(())
+        };
+        self.deferred
+            .retry_leftovers(&self.backend, &mut self.stats, &mut dispose)
+    }
+}

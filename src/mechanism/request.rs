@@ -1,0 +1,70 @@
+//! The checks every request passes before any policy runs, and its rounded size and pool.
+
+use crate::config::{round_size, ONE_EXA_BYTES, ROUNDUP_INTERVALS, SMALL_SIZE};
+use crate::error::AllocError;
+use crate::stats::PoolKind;
+
+/// A request that passed the checks: at least one byte, at most 1 EB (PyTorch's sanity bound).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Request {
+    /// Bytes asked for.
+    pub(crate) size: usize,
+    /// `round_size(size)`: what a block for it holds.
+    pub(crate) rounded: usize,
+    /// The pool the rounded size belongs to (small: at most 1 MiB).
+    pub(crate) pool: PoolKind,
+}
+
+impl Request {
+    /// Checks `size` and rounds it with `roundup_power2_divisions`, as `malloc` does first.
+    #[inline]
+    pub(crate) fn new(
+        size: usize,
+        divisions: &[usize; ROUNDUP_INTERVALS],
+    ) -> Result<Self, AllocError> {
+        if size == 0 {
+            return Err(AllocError::InvalidSize { size });
+        }
+        if size > ONE_EXA_BYTES {
+            return Err(AllocError::TooLarge { size });
+        }
+        let rounded = round_size(size, divisions).ok_or(AllocError::TooLarge { size })?;
+        let pool = if rounded <= SMALL_SIZE {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        };
+        Ok(Self {
+            size,
+            rounded,
+            pool,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_zero_and_more_than_one_exabyte_and_picks_the_pool_by_rounded_size() {
+        let d = [0; ROUNDUP_INTERVALS];
+        assert_eq!(
+            Request::new(0, &d),
+            Err(AllocError::InvalidSize { size: 0 })
+        );
+        let big = ONE_EXA_BYTES + 1;
+        assert_eq!(
+            Request::new(big, &d),
+            Err(AllocError::TooLarge { size: big })
+        );
+        let r = Request::new(1, &d).unwrap();
+        assert_eq!((r.rounded, r.pool), (512, PoolKind::Small));
+        let r = Request::new(SMALL_SIZE, &d).unwrap();
+        assert_eq!(r.pool, PoolKind::Small);
+        assert_eq!(
+            Request::new(SMALL_SIZE + 1, &d).unwrap().pool,
+            PoolKind::Large
+        );
+    }
+}
