@@ -37,6 +37,7 @@ pub mod allocator;
 pub mod classic;
 pub mod config;
 pub mod expandable;
+pub mod sleep;
 pub mod snapshot;
 pub mod stats;
 pub mod trace;
