@@ -10,8 +10,8 @@
 //
 // c10::OutOfMemoryError (torch.OutOfMemoryError in Python) is not thrown: constructing it needs
 // libtorch's headers and ABI at build time, and the wheel is built where torch is absent. The
-// message starts with "CUDA out of memory." as PyTorch's does; the Python package re-raises it as
-// torch.OutOfMemoryError where it sees it.
+// message starts with "CUDA out of memory." as PyTorch's does (vmm_alloc.is_out_of_memory(e)
+// tells).
 //
 // The Rust library (libvmm_alloc_capi.so) is found beside this one at the first call (or at
 // $VMM_ALLOC_LIBRARY), so that this library needs nothing at link time.
