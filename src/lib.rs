@@ -87,6 +87,7 @@ pub mod config;
 pub mod expandable;
 mod mechanism;
 pub use mechanism::violation::InvariantViolation;
+pub mod sleep;
 pub mod snapshot;
 pub mod stats;
 #[cfg(feature = "testkit")]

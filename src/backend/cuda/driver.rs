@@ -102,6 +102,9 @@ pub(crate) struct CudaDevice {
     prop: sys::CUmemAllocationProp,
     /// Registered streams by their raw `CUstream` value; kept alive here.
     streams: HashMap<u64, Arc<CudaStream>>,
+    /// Streams adopted by their raw `CUstream` value (a host program's, e.g. PyTorch's): their
+    /// owner keeps them alive.
+    adopted: std::collections::HashSet<u64>,
     events: HashMap<RawEvent, Event>,
     next_event: RawEvent,
 }
@@ -138,6 +141,7 @@ impl CudaDevice {
             granularity,
             prop,
             streams: HashMap::new(),
+            adopted: std::collections::HashSet::new(),
             events: HashMap::new(),
             next_event: 0,
         })
@@ -158,6 +162,13 @@ impl CudaDevice {
         Ok(StreamId(raw))
     }
 
+    pub(super) fn adopt_raw_stream(&mut self, raw: u64) -> StreamId {
+        if raw != 0 && !self.streams.contains_key(&raw) {
+            self.adopted.insert(raw);
+        }
+        StreamId(raw)
+    }
+
     fn bind(&self) -> RawResult<()> {
         self.ctx.bind_to_thread().map_err(|e| driver_error(e.0))
     }
@@ -165,7 +176,10 @@ impl CudaDevice {
     fn stream_ptr(&self, stream: StreamId) -> sys::CUstream {
         match self.streams.get(&stream.0) {
             Some(s) => s.cu_stream(),
-            None => std::ptr::null_mut(), // StreamId::DEFAULT, the legacy stream
+            // An adopted stream is its raw value; anything else is StreamId::DEFAULT, the legacy
+            // stream (the rule checker refuses unknown streams before they get here).
+            None if self.adopted.contains(&stream.0) => stream.0 as sys::CUstream,
+            None => std::ptr::null_mut(),
         }
     }
 }
@@ -281,7 +295,9 @@ impl RawDevice for CudaDevice {
     }
 
     fn knows_stream(&self, stream: StreamId) -> bool {
-        stream == StreamId::DEFAULT || self.streams.contains_key(&stream.0)
+        stream == StreamId::DEFAULT
+            || self.streams.contains_key(&stream.0)
+            || self.adopted.contains(&stream.0)
     }
 
     fn record_event(&mut self, stream: StreamId) -> RawResult<RawEvent> {
