@@ -30,6 +30,11 @@ pub mod units;
 
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
+/// The cudarc this crate is built against: name its types through this path (`vmm_alloc::cudarc`)
+/// so they are the very ones [`DeviceBuffer`](crate::buffer::DeviceBuffer) implements cudarc's
+/// traits for.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 pub use backend::{Backend, HostBackend, SimBackend};
 pub use error::{BackendError, BackendErrorKind};
 pub use units::{DevAddr, VaRange};
