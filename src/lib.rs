@@ -30,15 +30,16 @@ pub mod units;
 
 #[cfg(feature = "cuda")]
 pub use backend::CudaBackend;
+pub use backend::{Backend, HostBackend, SimBackend};
 /// The cudarc this crate is built against: name its types through this path (`vmm_alloc::cudarc`)
 /// so they are the very ones [`DeviceBuffer`](crate::buffer::DeviceBuffer) implements cudarc's
 /// traits for.
 #[cfg(feature = "cuda")]
 pub use cudarc;
-pub use backend::{Backend, HostBackend, SimBackend};
 pub use error::{BackendError, BackendErrorKind};
 pub use units::{DevAddr, VaRange};
 pub mod allocator;
+pub mod buffer;
 pub mod classic;
 pub mod config;
 pub mod expandable;
@@ -48,6 +49,9 @@ pub mod trace;
 
 pub use allocator::{Allocation, Allocator};
 pub use backend::StreamId;
+pub use buffer::Buffer;
+#[cfg(feature = "cuda")]
+pub use buffer::{CudaMemory, DeviceBuffer};
 pub use classic::ClassicAllocator;
 pub use error::{AllocError, OomReport};
 pub use expandable::ExpandableAllocator;

@@ -23,10 +23,11 @@ use std::sync::Arc;
 
 use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self, CUresult};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchArgs, PushKernelArg};
 
 use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
 use crate::backend::{Access, MemInfo, Protection, StreamId};
+use crate::buffer::DeviceBuffer;
 use crate::error::BackendErrorKind as E;
 
 /// Turns a `CUresult` into our error, keeping the driver's name for it.
@@ -235,6 +236,12 @@ impl CudaDevice {
         &self.ctx
     }
 
+    /// The id of `stream` if it is the legacy stream or was registered.
+    pub(super) fn registered_stream(&self, stream: &CudaStream) -> Option<StreamId> {
+        let raw = stream.cu_stream() as u64;
+        (raw == 0 || self.streams.contains_key(&raw)).then_some(StreamId(raw))
+    }
+
     pub(super) fn register_stream(&mut self, stream: &Arc<CudaStream>) -> RawResult<StreamId> {
         if stream.context().cu_ctx() != self.ctx.cu_ctx() {
             return Err(E::Unsupported("a stream of another context"));
@@ -441,5 +448,78 @@ impl RawDevice for CudaDevice {
         self.scoped(|| {
             cu(|| unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), at, out.len()) })
         })
+    }
+}
+
+/// Memory of this crate's allocator seen as a cudarc [`CudaSlice`], so that every cudarc call,
+/// view and kernel argument, with cudarc's own cross-stream events, works on it unchanged.
+/// cudarc never frees it: the drop hands the slice back with [`CudaSlice::leak`], which only makes
+/// its stream wait for the slice's last reads and writes (on any stream) and releases its events;
+/// the owner then frees the memory to the allocator, stream-ordered after those waits.
+pub(crate) struct ForeignSlice<T>(ManuallyDrop<CudaSlice<T>>);
+
+impl<T> ForeignSlice<T> {
+    /// Wraps `len` elements of `T` at `ptr`, used on `stream`.
+    ///
+    /// The caller owns `ptr .. ptr + len * size_of::<T>()` (a live allocation of this crate on
+    /// `stream`'s device) and keeps it allocated until this value is dropped.
+    pub(crate) fn new(stream: &Arc<CudaStream>, ptr: u64, len: usize) -> RawResult<Self> {
+        // cudarc binds the context (to create the slice's events) and unwraps their creation.
+        let made = keeping_current(|| {
+            catch_unwind(AssertUnwindSafe(|| {
+                // SAFETY: `ptr` is device memory of `stream`'s context, valid for `len` elements
+                // until this value drops (the caller's contract above); cudarc never frees it
+                // because `Drop` below leaks the slice instead of dropping it.
+                unsafe { stream.upgrade_device_ptr::<T>(ptr, len) }
+            }))
+        });
+        match made {
+            Ok(slice) => Ok(Self(ManuallyDrop::new(slice))),
+            Err(_) => Err(E::Driver {
+                name: "cuEventCreate".into(),
+                description: "cudarc could not create the buffer's read/write events".into(),
+            }),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for ForeignSlice<T> {
+    type Target = CudaSlice<T>;
+    fn deref(&self) -> &CudaSlice<T> {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for ForeignSlice<T> {
+    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.0
+    }
+}
+
+impl<T> Drop for ForeignSlice<T> {
+    fn drop(&mut self) {
+        // SAFETY: the slice is taken exactly once, here, and `self` is never used again.
+        let slice = unsafe { ManuallyDrop::take(&mut self.0) };
+        // `leak` waits on the slice's events and drops them (binding the context): never frees.
+        keeping_current(|| {
+            let _address = slice.leak();
+        });
+    }
+}
+
+// SAFETY: forwards to cudarc's own impl for `&CudaSlice<T>`, which pushes the device pointer of
+// exactly this buffer's memory (and cudarc's event waits and records), valid for the borrow `'b`.
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b DeviceBuffer<T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceBuffer<T>) -> &mut Self {
+        self.arg(arg.as_cuda_slice())
+    }
+}
+
+// SAFETY: as above, through cudarc's impl for `&mut CudaSlice<T>`.
+unsafe impl<'a, 'b: 'a, T> PushKernelArg<&'b mut DeviceBuffer<T>> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceBuffer<T>) -> &mut Self {
+        self.arg(arg.cuda_slice_mut())
     }
 }

@@ -11,6 +11,8 @@
 
 mod driver;
 
+pub(crate) use driver::ForeignSlice;
+
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
@@ -66,6 +68,12 @@ impl CudaBackend {
         self.inner
             .with_raw(|raw| raw.register_stream(stream))
             .map_err(|e| BackendError::new(CallKind::Init, e))
+    }
+
+    /// The id of `stream` if it is the legacy stream or was registered with
+    /// [`register_stream`](Self::register_stream); `None` otherwise.
+    pub fn stream_id(&self, stream: &CudaStream) -> Option<StreamId> {
+        self.inner.with_raw(|raw| raw.registered_stream(stream))
     }
 }
 
