@@ -200,8 +200,8 @@ impl CudaDevice {
             .map_err(|e| driver_error(e.0))?;
         let prop = device_prop(ordinal as u32);
         let mut granularity = 0usize;
-        // SAFETY: `granularity` is a valid place for one usize and `prop` a valid property struct.
         let asked = scoped(ctx.cu_ctx(), || {
+            // SAFETY: `granularity` is a valid place for one usize, `prop` a valid property struct.
             cu(|| unsafe {
                 sys::cuMemGetAllocationGranularity(
                     &mut granularity,
@@ -443,9 +443,9 @@ impl RawDevice for CudaDevice {
     }
 
     fn read(&mut self, at: u64, out: &mut [u8]) -> RawResult<()> {
-        // SAFETY: `out` is valid for writes of `out.len()` bytes; the source is mapped readable
-        // device memory (ledger).
         self.scoped(|| {
+            // SAFETY: `out` is valid for writes of `out.len()` bytes; the source is mapped
+            // readable device memory (ledger).
             cu(|| unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), at, out.len()) })
         })
     }
