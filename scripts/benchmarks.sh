@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates BENCHMARKS.md with one command: runs every bench (`cargo bench`: hot_path, churn,
-# replay, growth, threads, gpu; the GPU one prints "gpu benches SKIPPED: ..." without a GPU),
+# replay, growth, threads, buffer, gpu; the GPU one prints "gpu benches SKIPPED: ..." without a GPU),
 # then writes the report from the results (examples/bench_report.rs).
 #
 #   scripts/benchmarks.sh                 # benchmark everything, then write BENCHMARKS.md

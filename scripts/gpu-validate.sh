@@ -28,6 +28,20 @@ usage() {
 }
 
 # ---------------------------------------------------------------------------------------- build
+# The executable cargo built for target `name`, from its JSON messages (jq, else python3).
+artifact() {
+    if command -v jq >/dev/null; then
+        jq -r --arg n "$2" 'select(.reason == "compiler-artifact" and .target.name == $n
+            and .executable != null) | .executable' "$1" | tail -n 1
+    else
+        python3 -c 'import json, sys
+exes = [m["executable"] for m in map(json.loads, open(sys.argv[1]))
+        if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[2]
+        and m.get("executable")]
+print(exes[-1] if exes else "")' "$1" "$2"
+    fi
+}
+
 build() {
     local dir="$1"
     command -v cargo >/dev/null || { echo "gpu-validate: --build needs cargo" >&2; exit 2; }
@@ -48,9 +62,7 @@ build() {
     # Each binary's path, from cargo's own record of what it built.
     local name exe
     for name in conformance cuda_buffer gpu cudarc_buffer; do
-        exe="$(jq -r --arg n "$name" \
-            'select(.reason == "compiler-artifact" and .target.name == $n and .executable != null) | .executable' \
-            "$json" | tail -n 1)"
+        exe="$(artifact "$json" "$name")"
         if [[ -z "$exe" || ! -x "$exe" ]]; then
             echo "gpu-validate: cargo built no binary named $name" >&2
             rm -f "$json"
