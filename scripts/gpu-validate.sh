@@ -15,6 +15,9 @@
 # GiB vs the raw driver loop, hot path vs cuMemAllocAsync, replay of the largest shared trace), and
 # python/tests/gpu/run.sh when the Python package provides it (else "not present").
 #
+# VMM_FEATURES=cuda-13000 (say) builds with that CUDA-version feature instead of cudarc's fallback
+# (nvcc's version, else 13.4), e.g. if a driver older than the bindings lacks a symbol.
+#
 # Exit codes: 0 everything passed; 1 a step failed (GPU.md says which and why); 2 bad arguments or
 # a broken bundle; 3 no GPU here (GPU.md says so; nothing was run).
 set -uo pipefail
@@ -47,13 +50,15 @@ build() {
     command -v cargo >/dev/null || { echo "gpu-validate: --build needs cargo" >&2; exit 2; }
     mkdir -p "$dir/bin" "$dir/traces/pytorch" || exit 2
     cd "$ROOT" || exit 2
-    local json
+    local json features=()
     json="$(mktemp)"
+    [[ -n "${VMM_FEATURES:-}" ]] && features=(--features "$VMM_FEATURES")
     echo "gpu-validate: building (cargo, release)..."
-    if ! cargo test --release --no-run --message-format=json-render-diagnostics \
+    if ! cargo test --release --no-run --message-format=json-render-diagnostics "${features[@]}" \
         --test conformance --test cuda_buffer >"$json" ||
-        ! cargo bench --no-run --message-format=json-render-diagnostics --bench gpu >>"$json" ||
-        ! cargo build --release --message-format=json-render-diagnostics \
+        ! cargo bench --no-run --message-format=json-render-diagnostics "${features[@]}" \
+            --bench gpu >>"$json" ||
+        ! cargo build --release --message-format=json-render-diagnostics "${features[@]}" \
             --example cudarc_buffer >>"$json"; then
         echo "gpu-validate: the build failed" >&2
         rm -f "$json"
@@ -84,7 +89,7 @@ build() {
     cp "$0" "$dir/gpu-validate.sh"
     {
         echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
-        echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -srm), $(rustc --version 2>/dev/null)"
+        echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -srm), $(rustc --version 2>/dev/null), features: ${VMM_FEATURES:-default, CUDA version from the cudarc fallback}"
         if [[ -n "$largest" ]]; then
             echo "trace $(basename "$largest")"
         else
