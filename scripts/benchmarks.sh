@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Regenerates BENCHMARKS.md with one command: runs every bench (`cargo bench`: hot_path, churn,
-# replay, growth, threads, gpu; the GPU one prints "gpu benches SKIPPED: ..." without a GPU),
-# then writes the report from the results (replay/examples/bench_report/). `cargo bench` from
-# the root runs the benches of the library (hot_path, growth, threads) and of replay/ (churn,
-# replay, gpu), which need traces.
+# replay, growth, threads, buffer, gpu; the GPU one prints "gpu benches SKIPPED: ..." without a
+# GPU), then writes the report from the results (replay/examples/bench_report/). `cargo bench` from
+# the root runs the benches of the library (hot_path, growth, threads, buffer) and of replay/
+# (churn, replay, gpu), which need traces.
 #
 #   scripts/benchmarks.sh                 # benchmark everything, then write BENCHMARKS.md
 #   scripts/benchmarks.sh --report-only   # write BENCHMARKS.md from the last run's results

@@ -1,14 +1,20 @@
 //! The contract both allocators meet: [`Allocator`] and [`Allocation`].
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Once;
+
 use crate::backend::StreamId;
 use crate::error::AllocError;
 use crate::snapshot::Snapshot;
 use crate::stats::MemoryStats;
 use crate::units::DevAddr;
 
-/// A live allocation. Move-only: give it back with [`Allocator::deallocate`] (or free it by address
-/// with [`Allocator::deallocate_ptr`]). Dropping it frees nothing: its memory stays allocated
-/// until the allocator itself is dropped.
+/// A live allocation. Move-only: give it back with [`Allocator::deallocate`], or take its address
+/// with [`Allocation::into_ptr`] and free that with [`Allocator::deallocate_ptr`].
+///
+/// Dropping it otherwise loses the memory until the allocator is dropped: such a drop is counted
+/// ([`leaked_allocations`]) and, in debug builds, reported once on stderr. For memory that frees
+/// itself, use a buffer ([`crate::buffer::Buffer`], or `DeviceBuffer<T>` with cudarc).
 #[derive(PartialEq, Eq, Debug)]
 #[must_use = "dropping an Allocation leaks its memory until the allocator is dropped; give it back with Allocator::deallocate"]
 pub struct Allocation {
@@ -35,6 +41,63 @@ impl Allocation {
     pub fn stream(&self) -> StreamId {
         self.stream
     }
+
+    /// Gives up the handle and returns the address: the caller now owns the memory and frees it
+    /// with [`Allocator::deallocate_ptr`] (what a C caller or a pointer-keyed table does). Not
+    /// counted as a leak.
+    #[must_use = "the address is the only way left to free this memory"]
+    pub fn into_ptr(self) -> DevAddr {
+        let ptr = self.ptr;
+        std::mem::forget(self);
+        ptr
+    }
+}
+
+/// Allocations dropped without being given back, in this process (see [`leaked_allocations`]).
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+pub struct Leaks {
+    /// How many.
+    pub allocations: u64,
+    /// Their bytes (usable sizes).
+    pub bytes: u64,
+}
+
+static LEAKED_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static LEAKED_BYTES: AtomicU64 = AtomicU64::new(0);
+
+/// Allocations dropped in this process without [`Allocator::deallocate`] or
+/// [`Allocation::into_ptr`]: their memory stays allocated until its allocator is dropped. Counted
+/// process-wide, because an `Allocation` does not know its allocator (it stays 4 words).
+pub fn leaked_allocations() -> Leaks {
+    Leaks {
+        allocations: LEAKED_ALLOCATIONS.load(Ordering::Relaxed),
+        bytes: LEAKED_BYTES.load(Ordering::Relaxed),
+    }
+}
+
+/// Counts one leaked allocation of `bytes`.
+pub(crate) fn count_leak(bytes: usize) {
+    LEAKED_ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+    LEAKED_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
+}
+
+impl Drop for Allocation {
+    fn drop(&mut self) {
+        count_leak(self.size);
+        // The one report a leak gets: a drop cannot return an error, and a silent leak is what
+        // this exists to prevent. Debug builds only, once per process, never a panic.
+        if cfg!(debug_assertions) {
+            static WARNED: Once = Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "vmm-alloc: an Allocation of {} bytes at {} was dropped without \
+                     Allocator::deallocate; its memory stays allocated (further leaks are counted \
+                     in vmm_alloc::allocator::leaked_allocations(), not reported)",
+                    self.size, self.ptr
+                );
+            });
+        }
+    }
 }
 
 /// A stream-ordered caching allocator of device memory. Thread-safe; one per device.
@@ -46,7 +109,7 @@ pub trait Allocator: Send + Sync {
     /// Frees an allocation. Its memory is reused on its stream at once, and on other streams only
     /// after the work of every stream given to [`Allocator::record_stream`] completes.
     fn deallocate(&self, allocation: Allocation) -> Result<(), AllocError> {
-        self.deallocate_ptr(allocation.ptr)
+        self.deallocate_ptr(allocation.into_ptr())
     }
 
     /// Frees the allocation that starts at `ptr`.

@@ -80,8 +80,14 @@ pub use backend::CudaBackend;
 #[cfg(target_os = "linux")]
 pub use backend::HostBackend;
 pub use backend::{Backend, BackendError, BackendErrorKind, SimBackend};
+/// The cudarc this crate is built against: name its types through this path (`vmm_alloc::cudarc`)
+/// so they are the very ones [`DeviceBuffer`](crate::buffer::DeviceBuffer) implements cudarc's
+/// traits for.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 pub use units::{DevAddr, VaRange};
 pub mod allocator;
+pub mod buffer;
 pub mod classic;
 pub mod config;
 pub mod expandable;
@@ -95,6 +101,9 @@ pub mod testkit;
 
 pub use allocator::{Allocation, Allocator};
 pub use backend::StreamId;
+pub use buffer::Buffer;
+#[cfg(feature = "cuda")]
+pub use buffer::{CudaMemory, DeviceBuffer};
 pub use classic::ClassicAllocator;
 pub use config::ExpandableConfig;
 pub use error::{AllocError, OomReport};

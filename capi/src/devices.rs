@@ -138,10 +138,9 @@ fn open_device(index: u32, settings: &Settings) -> Result<Box<dyn DeviceOps>, Ca
         }
         #[cfg(feature = "cuda")]
         BackendKind::Cuda => {
-            // Opening binds the device's primary context: leave the caller's current.
-            let _ctx = crate::context::ContextGuard::save(vmm_alloc::CudaBackend::driver_present());
+            // The Cuda backend leaves the caller's current context as it was, in every call
+            // (opening included): nothing to save here.
             let backend = vmm_alloc::CudaBackend::new(index as usize).map_err(failed)?;
-            CUDA_OPEN.store(true, std::sync::atomic::Ordering::Release);
             open(backend, settings, |b, raw| {
                 // SAFETY: `raw` is a cudaStream_t PyTorch passed for this device; PyTorch keeps
                 // its streams alive for the life of the process (its stream pools never destroy
@@ -156,15 +155,6 @@ fn open_device(index: u32, settings: &Settings) -> Result<Box<dyn DeviceOps>, Ca
             "vmm_alloc was built without the cuda feature: set VMM_ALLOC_BACKEND=host or sim",
         )),
     }
-}
-
-/// Set once a Cuda device is open: libcuda is loaded, contexts must be saved and restored.
-static CUDA_OPEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Whether calls must save and restore the caller's CUDA context.
-#[inline]
-pub fn cuda_open() -> bool {
-    CUDA_OPEN.load(std::sync::atomic::Ordering::Acquire)
 }
 
 /// The settings (fixed once the first device opens) and the devices.

@@ -10,8 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use vmm_alloc::DevAddr;
 
 use crate::boundary::{guard, guard_value, last_error_ptr, CallError, E_FAILED, E_INVALID, E_OOM};
-use crate::context::ContextGuard;
-use crate::devices::{allocate_on, cuda_open, free_on, registry, snapshot_of, stats_of};
+use crate::devices::{allocate_on, free_on, registry, snapshot_of, stats_of};
 use crate::recording;
 use crate::report::{oom_report, stats_json};
 use crate::settings::Settings;
@@ -84,7 +83,6 @@ fn malloc_inner(size: usize, device: c_int, stream: u64) -> Result<*mut c_void, 
     if size == 0 {
         return Ok(std::ptr::null_mut());
     }
-    let _ctx = ContextGuard::save(cuda_open());
     let dev = registry().device(device)?;
     let tagged = TAG.with(|t| t.borrow().clone());
     if let Some(tag) = tagged {
@@ -156,7 +154,6 @@ fn free_inner(ptr: *mut c_void, device: c_int) -> Result<(), CallError> {
     if ptr.is_null() {
         return Ok(());
     }
-    let _ctx = ContextGuard::save(cuda_open());
     let dev = registry().device(device)?;
     let addr = DevAddr::new(ptr as u64);
     if SLEEPERS.load(Ordering::Relaxed) > 0 {
@@ -202,7 +199,6 @@ pub extern "C" fn vmm_alloc_reset() {
 #[no_mangle]
 pub extern "C" fn vmm_alloc_empty_cache(device: c_int) -> c_int {
     guard(|| {
-        let _ctx = ContextGuard::save(cuda_open());
         let reg = registry();
         for (i, dev) in reg.open_devices() {
             if device >= 0 && i as c_int != device {
@@ -252,7 +248,6 @@ pub extern "C" fn vmm_alloc_set_memory_fraction(fraction: c_double, device: c_in
 #[no_mangle]
 pub extern "C" fn vmm_alloc_record_stream(ptr: *mut c_void, stream: *mut c_void) {
     let rc = guard(|| {
-        let _ctx = ContextGuard::save(cuda_open());
         let addr = DevAddr::new(ptr as u64);
         for (_, dev) in registry().open_devices() {
             let s = dev.stream(stream as u64)?;
@@ -382,7 +377,6 @@ pub extern "C" fn vmm_alloc_config_json() -> *mut c_char {
 #[no_mangle]
 pub extern "C" fn vmm_alloc_stats_json(device: c_int) -> *mut c_char {
     guard_value(std::ptr::null_mut(), || {
-        let _ctx = ContextGuard::save(cuda_open());
         let reg = registry();
         let dev = reg.device(device)?;
         let settings = reg.settings()?;
@@ -481,7 +475,6 @@ pub extern "C" fn vmm_alloc_sleep(
     keep_contents: c_int,
 ) -> c_int {
     guard(|| {
-        let _ctx = ContextGuard::save(cuda_open());
         let tag = cstr(tag, "tag")?;
         let dev = registry().device(device)?;
         dev.sleep(tag, keep_contents != 0)
@@ -494,7 +487,6 @@ pub extern "C" fn vmm_alloc_sleep(
 #[no_mangle]
 pub extern "C" fn vmm_alloc_wake(device: c_int, tag: *const c_char) -> c_int {
     guard(|| {
-        let _ctx = ContextGuard::save(cuda_open());
         let tag = cstr(tag, "tag")?;
         let dev = registry().device(device)?;
         dev.wake(tag).map(|_| ()).map_err(|e| alloc_error(e, dev))

@@ -19,7 +19,6 @@
 )]
 
 mod boundary;
-mod context;
 mod devices;
 mod exports;
 mod recording;

@@ -11,7 +11,9 @@
 //!   nothing else): `cudarc-alloc` (`CudaStream::alloc` on the default stream and drop: cudarc's
 //!   `cuMemAllocAsync` + `cuMemFreeAsync`, with its default event tracking), `cuMemAllocAsync`
 //!   (the same driver calls without cudarc's events) and `cuMemAlloc` (`cuMemAlloc` +
-//!   `cuMemFree`). The stream-ordered baselines synchronize after each batch, untimed.
+//!   `cuMemFree`); and `device-buffer`, our `DeviceBuffer<u8>` allocate + drop on the expandable
+//!   allocator, what a cudarc user writes instead of `cudarc-alloc`. The stream-ordered baselines
+//!   synchronize after each batch, untimed.
 //! * `gpu_growth/<N>GiB/<case>`: `growth.rs`'s cases on Cuda (1 GiB and 8 GiB; a target with less
 //!   than target + 1 GiB free is skipped with a line saying so), the raw loop being
 //!   cuMemCreate + cuMemMap + cuMemSetAccess per page through the backend, no allocator.
@@ -78,8 +80,8 @@ mod cuda {
     use vmm_alloc::backend::Backend;
     use vmm_alloc::config::{AllocConf, ExpandableConfig};
     use vmm_alloc::{
-        AllocError, Allocation, Allocator, ClassicAllocator, CudaBackend, ExpandableAllocator,
-        StreamId,
+        AllocError, Allocation, Allocator, ClassicAllocator, CudaBackend, CudaMemory,
+        ExpandableAllocator, StreamId,
     };
     use vmm_replay::replay::Policy;
     use vmm_replay::{workloads, Event, Trace};
@@ -151,6 +153,7 @@ mod cuda {
             notes.extend(hot::measure_all(&mut group, live, || backend.clone()));
         }
         baselines(&mut group, ctx);
+        device_buffer(&mut group, backend);
         group.finish();
         hot::driver_notes(notes)
     }
@@ -212,6 +215,31 @@ mod cuda {
 
     /// Runs `pair` `iters` times and returns the time; the stream is synchronized after, untimed,
     /// so the batch's frees have completed before the next one.
+    /// `DeviceBuffer<u8>` allocate + drop on the expandable allocator (`device-buffer`), the pair
+    /// a cudarc user makes instead of `cudarc-alloc`: the allocator's pair plus cudarc's events
+    /// and the stream-ordered free (Note [Stream-ordered drop]).
+    fn device_buffer(group: &mut BenchmarkGroup<'_, WallTime>, backend: &CudaBackend) {
+        let memory = CudaMemory::new(backend.clone(), |b| {
+            ExpandableAllocator::new(b, ExpandableConfig::default())
+        })
+        .expect("CudaMemory");
+        let stream = memory.context().default_stream();
+        for (size, label) in hot::SIZES {
+            let case = hot::case(label, 0);
+            drop(memory.alloc::<u8>(size, &stream).expect("warm the cache"));
+            group.bench_function(BenchmarkId::new("device-buffer", &case), |b| {
+                b.iter_custom(|iters| {
+                    stream_ordered(&stream, iters, || {
+                        let buf = memory
+                            .alloc::<u8>(black_box(size), &stream)
+                            .expect("DeviceBuffer");
+                        drop(black_box(buf));
+                    })
+                })
+            });
+        }
+    }
+
     fn stream_ordered(stream: &CudaStream, iters: u64, pair: impl Fn()) -> Duration {
         let t = Instant::now();
         for _ in 0..iters {

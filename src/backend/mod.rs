@@ -38,7 +38,7 @@
 pub(crate) mod calls;
 pub(crate) mod checked;
 #[cfg(feature = "cuda")]
-mod cuda;
+pub(crate) mod cuda;
 mod emulated;
 mod error;
 mod events;

@@ -5,10 +5,15 @@ use std::path::{Path, PathBuf};
 use vmm_replay::snapshot::read_snapshot_file;
 use vmm_replay::Trace;
 
-/// The largest file in `../shared/traces/pytorch` (beside the repository) (by size; its device with the most events), or
-/// why there is none.
+/// The largest file in `$VMM_TRACES_DIR`, by default `../shared/traces/pytorch` of the source tree
+/// (by size; its device with the most events), or why there is none. The variable lets a bench
+/// binary copied to another machine (`scripts/gpu-validate.sh`) find the traces shipped with it.
 pub fn largest() -> Result<Trace, String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/pytorch");
+    let dir = std::env::var_os("VMM_TRACES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/pytorch")
+        });
     let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let largest: Option<(u64, PathBuf)> = entries
         .filter_map(Result::ok)

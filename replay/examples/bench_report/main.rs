@@ -8,6 +8,7 @@
 //! [--command TEXT]`. `scripts/benchmarks.sh` runs `cargo bench` and then this.
 //! `--target` defaults to `$CARGO_TARGET_DIR`, else `target`; `--out` to `BENCHMARKS.md`.
 
+mod buffer;
 mod data;
 mod format;
 mod report;
@@ -22,6 +23,7 @@ use std::time::SystemTime;
 
 use serde_json::Value;
 
+use buffer::*;
 use data::*;
 use format::*;
 use report::*;

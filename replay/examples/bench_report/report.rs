@@ -213,6 +213,8 @@ barrier to the last thread's end. 20 samples, 2 s.\n\n",
     }
 
     // GPU.
+    buffer_section(out, d, &mut verdicts);
+
     gpu_section(out, d, &mut verdicts);
 
     // Assemble: header, targets, sections.

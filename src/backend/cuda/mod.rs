@@ -1,13 +1,17 @@
 //! `CudaBackend`: the CUDA driver's virtual-memory-management calls, through cudarc.
 //!
-//! cudarc loads libcuda at run time, so this builds on machines without CUDA; there,
-//! [`CudaBackend::new`] returns an error saying so (it never panics). Every call binds the
-//! backend's context to the calling thread first, so a backend can be used from any thread.
+//! cudarc loads libcuda at run time (unless the build links it), so this builds on machines without
+//! CUDA; there, [`CudaBackend::new`] returns an error saying so (it never panics). Every call
+//! pushes the backend's context for its duration and pops it after, so a backend can be used from
+//! any thread, backends of several devices coexist, and the caller's current context is never
+//! changed (Note [Current context] in `driver.rs`).
 //! The rule checker in front of the driver rejects what CUDA would silently accept but is an
 //! allocator bug (double unmap, unmapping a never-mapped range), and driver errors keep the
 //! `CUresult` name (e.g. `CUDA_ERROR_OUT_OF_MEMORY`).
 
 mod driver;
+
+pub(crate) use driver::ForeignSlice;
 
 use std::sync::Arc;
 
@@ -24,7 +28,6 @@ use driver::CudaDevice;
 #[derive(Clone)]
 pub struct CudaBackend {
     inner: Arc<Checked<CudaDevice>>,
-    ctx: Arc<CudaContext>,
 }
 
 impl CudaBackend {
@@ -33,10 +36,8 @@ impl CudaBackend {
     /// the driver fails to start, or the device does not exist.
     pub fn new(ordinal: usize) -> Result<Self, BackendError> {
         let raw = CudaDevice::open(ordinal).map_err(|e| BackendError::new(CallKind::Init, e))?;
-        let ctx = raw.context().clone();
         Ok(Self {
             inner: Arc::new(Checked::new(raw, Capabilities::BYTES | Capabilities::GPU)),
-            ctx,
         })
     }
 
@@ -47,9 +48,17 @@ impl CudaBackend {
         driver::library_present()
     }
 
-    /// The context this backend works in, to create streams and launch work with cudarc.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+    /// The context this backend works in (device `ordinal`'s primary context), to create streams
+    /// and launch work with cudarc.
+    pub fn context(&self) -> Arc<CudaContext> {
+        self.inner.with_raw(|raw| raw.context().clone())
+    }
+
+    /// Whether `stream` belongs to this backend's context: only such streams may be registered,
+    /// and only memory of this backend may be used on them.
+    pub fn owns_stream(&self, stream: &CudaStream) -> bool {
+        self.inner
+            .with_raw(|raw| raw.context().cu_ctx() == stream.context().cu_ctx())
     }
 
     /// Makes `stream` known to the backend (it keeps the stream alive) and returns its id, for
@@ -75,6 +84,12 @@ impl CudaBackend {
     #[allow(unsafe_code)]
     pub unsafe fn adopt_raw_stream(&self, raw: u64) -> Result<StreamId, BackendError> {
         Ok(self.inner.with_raw(|dev| dev.adopt_raw_stream(raw)))
+    }
+
+    /// The id of `stream` if it is the legacy stream or was registered with
+    /// [`register_stream`](Self::register_stream); `None` otherwise.
+    pub fn stream_id(&self, stream: &CudaStream) -> Option<StreamId> {
+        self.inner.with_raw(|raw| raw.registered_stream(stream))
     }
 }
 
