@@ -59,7 +59,8 @@ build() {
         ! cargo bench --no-run --message-format=json-render-diagnostics "${features[@]}" \
             --bench gpu >>"$json" ||
         ! cargo build --release --message-format=json-render-diagnostics "${features[@]}" \
-            --example cudarc_buffer >>"$json"; then
+            --example cudarc_buffer >>"$json" ||
+        ! cargo build --release -p vmm-alloc-capi >/dev/null; then
         echo "gpu-validate: the build failed" >&2
         rm -f "$json"
         exit 1
@@ -83,8 +84,11 @@ build() {
         [[ -n "$largest" ]] && cp "$largest" "$dir/traces/pytorch/"
     fi
     if [[ -x "$ROOT/python/tests/gpu/run.sh" ]]; then
-        rm -rf "$dir/python" && cp -r "$ROOT/python" "$dir/python"
-        find "$ROOT/target/release" -maxdepth 1 -name 'lib*.so' -exec cp {} "$dir/python/" \;
+        # The package as pip would install it: the libraries cargo just built beside its modules
+        # (the GPU machine has no Rust to build them; run_bundle puts python/ on PYTHONPATH).
+        rm -rf "$dir/python" && cp -r "$ROOT/python" "$dir/python" || exit 1
+        cp "$ROOT/target/release/libvmm_alloc_capi.so" "$ROOT/target/release/libvmm_alloc_torch.so" \
+            "$dir/python/vmm_alloc/" || exit 1
     fi
     cp "$0" "$dir/gpu-validate.sh"
     {
@@ -166,7 +170,8 @@ run_bundle() {
 
     if [[ -x "$dir/python/tests/gpu/run.sh" ]]; then
         log="$OUT/logs/python_gpu.log"
-        VMM_BUNDLE="$dir" timeout "$STEP_TIMEOUT" "$dir/python/tests/gpu/run.sh" >"$log" 2>&1
+        VMM_BUNDLE="$dir" PYTHONPATH="$dir/python${PYTHONPATH:+:$PYTHONPATH}" \
+            timeout "$STEP_TIMEOUT" "$dir/python/tests/gpu/run.sh" >"$log" 2>&1
         rc=$?
         if ((rc == 0)); then
             record "PyTorch GPU checks" PASS "$(tail -n 1 "$log")"

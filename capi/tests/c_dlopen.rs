@@ -5,14 +5,8 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// target/<profile>/, where cargo puts this crate's cdylib and build.rs the shim.
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .to_path_buf()
-}
+mod common;
+use common::{fresh_libraries, profile_dir};
 
 /// Compiles `src` with `compiler` (plus `flags`) into target/<profile>/`name` and runs it with
 /// `args` on the Host backend; asserts it printed "ok".
@@ -47,7 +41,7 @@ fn compile_and_run(compiler: &str, flags: &[&str], src: &str, name: &str, args: 
 
 #[test]
 fn out_of_memory_is_a_cpp_exception_carrying_the_report() {
-    let shim = profile_dir().join("libvmm_alloc_torch.so");
+    let shim = fresh_libraries().join("libvmm_alloc_torch.so");
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
     compile_and_run(
         &cxx,
@@ -60,7 +54,7 @@ fn out_of_memory_is_a_cpp_exception_carrying_the_report() {
 
 #[test]
 fn c_program_calls_the_libraries_through_pytorch_types_from_threads() {
-    let dir = profile_dir();
+    let dir = fresh_libraries();
     let capi = dir.join("libvmm_alloc_capi.so");
     let shim = dir.join("libvmm_alloc_torch.so");
     assert!(

@@ -4,16 +4,11 @@
 //! builds the fake torch's C++ part, and runs pytest. Fails loudly when python3, pip (network to
 //! PyPI for pytest, setuptools and wheel) or a C++ compiler is missing.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .to_path_buf()
-}
+mod common;
+use common::fresh_libraries;
 
 fn run(cmd: &mut Command, what: &str) {
     let out = cmd
@@ -31,7 +26,7 @@ fn run(cmd: &mut Command, what: &str) {
 #[test]
 fn python_package_tests_pass_against_the_real_library() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let dir = profile_dir();
+    let dir = fresh_libraries();
     let venv = dir.join("python-venv");
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     if !venv.join("bin/python").exists() {
