@@ -87,8 +87,10 @@ build() {
         # The package as pip would install it: the libraries cargo just built beside its modules
         # (the GPU machine has no Rust to build them; run_bundle puts python/ on PYTHONPATH).
         rm -rf "$dir/python" && cp -r "$ROOT/python" "$dir/python" || exit 1
+        rm -rf "$dir/python/build" "$dir"/python/*.egg-info # a local pip build's leftovers
         cp "$ROOT/target/release/libvmm_alloc_capi.so" "$ROOT/target/release/libvmm_alloc_torch.so" \
             "$dir/python/vmm_alloc/" || exit 1
+        strip "$dir"/python/vmm_alloc/*.so || exit 1
     fi
     cp "$0" "$dir/gpu-validate.sh"
     {
