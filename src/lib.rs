@@ -81,7 +81,7 @@ pub use backend::CudaBackend;
 pub use backend::HostBackend;
 pub use backend::{Backend, BackendError, BackendErrorKind, SimBackend};
 /// The cudarc this crate is built against: name its types through this path (`vmm_alloc::cudarc`)
-/// so they are the very ones [`DeviceBuffer`](crate::buffer::DeviceBuffer) implements cudarc's
+/// so they are the very ones [`DeviceBuffer`] implements cudarc's
 /// traits for.
 #[cfg(feature = "cuda")]
 pub use cudarc;
