@@ -61,6 +61,22 @@ pub struct ExpandableConfig {
     pub faithful_oversize: bool,
     /// `max_non_split_rounding_mb` in bytes (used with `faithful_oversize`).
     pub max_non_split_rounding: usize,
+    /// Page size chosen by pressure: when a full page would take memory beyond the headroom
+    /// (see [`headroom_bytes`](Self::headroom_bytes)) or beyond the device, a growth maps only
+    /// the bytes its request needs (rounded to the backend's granularity, one handle) instead of
+    /// rounding its last page up to `large_page`. Without pressure pages stay large (few driver
+    /// calls); under pressure no growth wastes a page's tail. PyTorch: off.
+    pub pressure_tail: bool,
+    /// Headroom kept for what lives outside the allocator (the CUDA context, library
+    /// workspaces, other processes): the allocator does not create new physical memory beyond
+    /// `limit − max(headroom_bytes, headroom_fraction × device memory)` while it can remap
+    /// fully-free pages it already holds (Note \[Headroom\] in `expandable/growth.rs`). Beyond
+    /// that it still creates (the headroom is a preference, never a cause of OOM). Default
+    /// 256 MiB. PyTorch: 0 (grows into the device's last free bytes).
+    pub headroom_bytes: usize,
+    /// The headroom as a fraction of device memory (the larger of the two applies). Default
+    /// 0.02: 1.6 GiB of an 80 GiB device. PyTorch: 0.
+    pub headroom_fraction: f64,
 }
 
 impl Default for ExpandableConfig {
@@ -79,6 +95,9 @@ impl Default for ExpandableConfig {
             max_split_size: None,
             faithful_oversize: false,
             max_non_split_rounding: 20 << 20,
+            pressure_tail: true,
+            headroom_bytes: 0,
+            headroom_fraction: 0.01,
         }
     }
 }
@@ -87,7 +106,8 @@ impl ExpandableConfig {
     /// PyTorch's expandable-segments policy, for side-by-side measurement: 2 MiB small pages,
     /// 20 MiB large pages, no handle reuse (every unmap releases, every map creates), no remap
     /// (under pressure unmap every free page, then retry), a stream synchronization before every
-    /// unmap, VA = 1.125 × device memory, and the
+    /// unmap, VA = 1.125 × device memory, pages of the pool's size under pressure too, no
+    /// headroom (growth takes the device's last free bytes before anything is unmapped), and the
     /// oversize rules of `max_split_size` applied to expandable blocks.
     pub fn pytorch_expandable() -> Self {
         Self {
@@ -95,6 +115,9 @@ impl ExpandableConfig {
             remap_defrag: false,
             sync_only_after_frees: false,
             faithful_oversize: true,
+            pressure_tail: false,
+            headroom_bytes: 0,
+            headroom_fraction: 0.0,
             ..Self::default()
         }
     }
@@ -161,6 +184,12 @@ impl ExpandableConfig {
         }
         if !(self.va_factor.is_finite() && self.va_factor >= 1.0 && self.va_factor <= 64.0) {
             return bad(format!("va_factor {} must be in [1, 64]", self.va_factor));
+        }
+        if !(0.0..=1.0).contains(&self.headroom_fraction) {
+            return bad(format!(
+                "headroom_fraction {} must be in [0, 1]",
+                self.headroom_fraction
+            ));
         }
         if !(0.0..=1.0).contains(&self.memory_fraction) {
             return bad("per_process_memory_fraction is invalid, set it in [0.0, 1.0]".into());

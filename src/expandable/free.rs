@@ -77,10 +77,15 @@ impl<B: Backend> State<B> {
     /// quiet: with `sync_only_after_frees` we skip the call then. Under memory pressure that
     /// turns one synchronization per harvested page into one per stream per burst of frees.
     pub(crate) fn sync_before_unmap(&mut self, stream: StreamId) -> Result<(), BackendError> {
-        if self.config.sync_only_after_frees && !self.unsynced_frees.contains(&stream) {
+        if !self.needs_sync(stream) {
             return Ok(());
         }
         self.synchronize(stream)
+    }
+
+    /// Whether unmapping a free page of `stream` must first synchronize it (Note [Syncs]).
+    pub(crate) fn needs_sync(&self, stream: StreamId) -> bool {
+        !self.config.sync_only_after_frees || self.unsynced_frees.contains(&stream)
     }
 
     /// Waits for `stream`'s queued work: every page freed on it is quiet after (Note [Syncs]).

@@ -9,6 +9,15 @@
 //! took from the cache go back, and a segment it reserved is freed: the allocator is exactly as
 //! before (pytorch#188008 terminates the process there).
 //!
+//! Note [Headroom]: physical memory beyond `soft_limit` (the limit less the configured headroom)
+//! is the device's last free memory, wanted by what lives outside the allocator. A growth whose
+//! next page would reach into it is *under pressure*: it first remaps fully-free chunks it
+//! already holds (Note [Remap]), and creates new memory only when none is left, up to the hard
+//! limit; and with `pressure_tail` its last handle is only as large as the request needs
+//! (rounded to the granularity), so no growth under pressure leaves a page's tail unused. Large
+//! pages keep growth cheap while memory is plentiful; exact tails and remapping keep the
+//! capacity a trace needs within a granule of its live bytes per segment when it is not.
+//!
 //! Note [Remap]: when `create` reports out-of-memory, a fully-free chunk of any segment (any
 //! stream, after that stream's queued work is done: Note [Syncs] in `free.rs`) is unmapped and
 //! its handle mapped where the growth needs it. Live blocks never move, so every address handed
@@ -83,11 +92,16 @@ impl<B: Backend> State<B> {
         let mut cursor = target.hole_start;
         while cursor < map_end {
             let room = (target.hole_end - cursor) as usize;
-            let want = page.min(room);
+            let mut want = page.min(room);
             // The growth relies on every free byte from the block's start to its end, beyond the hole too.
             let exclude = (target.seg, target.start, need_end);
             let held: usize = grown.iter().map(|c| c.len).sum();
-            let got = match self.acquire(want, room, exclude, held, &mut harvest) {
+            let pressured = self.pressured(held, want);
+            if pressured && self.config.pressure_tail {
+                // Note [Headroom]: under pressure the last handle covers only what is needed.
+                want = want.min((need_end - cursor) as usize);
+            }
+            let got = match self.acquire(want, room, exclude, held, pressured, &mut harvest) {
                 Ok(got) => got,
                 Err(e) => return Err(self.rollback(&target, grown, e)),
             };
@@ -209,9 +223,26 @@ impl<B: Backend> State<B> {
         })
     }
 
+    /// Physical bytes the allocator may hold before it reaches into the headroom
+    /// (Note [Headroom]).
+    fn soft_limit(&self) -> usize {
+        let fraction = (self.device_total as f64 * self.config.headroom_fraction) as usize;
+        let headroom = self.config.headroom_bytes.max(fraction);
+        self.limit.saturating_sub(headroom)
+    }
+
+    /// Whether taking `want` more bytes, with `held` bytes already taken by the growth in
+    /// progress, reaches into the headroom (Note [Headroom]).
+    fn pressured(&self, held: usize, want: usize) -> bool {
+        let in_use = self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held;
+        in_use.saturating_add(want) > self.soft_limit()
+    }
+
     /// A handle of about `want` bytes (at most `room`) for the growth in progress.
     /// `exclude` = (segment, from, to): chunks there must not be harvested (the growth relies on
     /// them); `held` = bytes this growth already holds, for the memory-fraction limit;
+    /// `pressured`: the growth reaches into the headroom, so free chunks are remapped before
+    /// anything is created (Note [Headroom]);
     /// `harvest` = the growth's remap candidates, listed on its first harvest.
     fn acquire(
         &mut self,
@@ -219,11 +250,19 @@ impl<B: Backend> State<B> {
         room: usize,
         exclude: (u64, u64, u64),
         held: usize,
+        pressured: bool,
         harvest: &mut Option<Vec<(u64, FreeChunk)>>,
     ) -> Result<(PhysHandle, usize, bool), GrowFail> {
         loop {
             if let Some((h, len)) = self.cache.take(want, room) {
                 return Ok((h, len, true));
+            }
+            // In the headroom, free chunks that need no synchronization are remapped first.
+            if pressured
+                && self.config.remap_defrag
+                && self.harvest_one(exclude, want, true, harvest)?
+            {
+                continue;
             }
             let in_use = self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held;
             if in_use + want <= self.limit {
@@ -241,7 +280,7 @@ impl<B: Backend> State<B> {
                 self.trim_cache(self.cache.bytes().saturating_sub(1))?;
                 continue;
             }
-            if self.config.remap_defrag && self.harvest_one(exclude, want, harvest)? {
+            if self.config.remap_defrag && self.harvest_one(exclude, want, false, harvest)? {
                 continue;
             }
             return Err(GrowFail::OutOfMemory);
@@ -258,19 +297,28 @@ impl<B: Backend> State<B> {
     /// ranges until the growth ends. Unmapping a chunk splits its free piece, whose index stays
     /// with the part after the chunk (Note [Pieces]); the chunks listed before it in the same
     /// piece are moved to the piece that holds the part before.
+    /// With `quiet_only`, only chunks whose stream needs no synchronization are taken.
     fn harvest_one(
         &mut self,
         exclude: (u64, u64, u64),
         want: usize,
+        quiet_only: bool,
         listed: &mut Option<Vec<(u64, FreeChunk)>>,
     ) -> Result<bool, GrowFail> {
         let cands = match listed {
             Some(c) => c,
             None => listed.insert(self.harvest_candidates(exclude)),
         };
+        let segments = &self.segments;
+        // In the headroom (`quiet_only`): a chunk that needs no synchronization and no larger
+        // than the growth needs, so remapping never maps a page's unused tail.
+        let fits = |seg: &u64, c: &FreeChunk| {
+            !quiet_only || (c.chunk.len <= want && !self.needs_sync(segments[seg].stream))
+        };
         let best = cands
             .iter()
             .enumerate()
+            .filter(|(_, (seg, c))| fits(seg, c))
             .max_by_key(|(_, (_, c))| (c.chunk.len == want, c.at))
             .map(|(i, _)| i);
         let Some(best) = best else {

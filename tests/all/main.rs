@@ -3,6 +3,7 @@
 mod classic_behaviour;
 mod classic_model;
 mod expandable_behaviour;
+mod expandable_pressure;
 mod expandable_regressions;
 mod expandable_rollback;
 mod model;

@@ -7,6 +7,7 @@
 //! finds none is ignored with that reason too. `mechanism::absent_is_ignored_present_but_empty_fails`
 //! re-runs this binary against an absent and an empty shared folder to hold that to account.
 
+mod capacity;
 mod classic;
 mod cli;
 mod dump_summary;
@@ -107,6 +108,7 @@ fn shared_trial(name: &str, test: SharedTest) -> Trial {
 fn main() {
     let args = Arguments::from_args();
     let mut trials: Vec<Trial> = [
+        capacity::TESTS,
         classic::TESTS,
         cli::TESTS,
         dump_summary::TESTS,

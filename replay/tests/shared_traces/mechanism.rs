@@ -10,7 +10,8 @@ use crate::SHARED_OVERRIDE;
 
 /// How many shared tests there are (every module's `TESTS`).
 fn shared_tests() -> usize {
-    crate::classic::TESTS.len()
+    crate::capacity::TESTS.len()
+        + crate::classic::TESTS.len()
         + crate::cli::TESTS.len()
         + crate::dump_summary::TESTS.len()
         + crate::figures::TESTS.len()

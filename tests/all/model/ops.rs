@@ -101,6 +101,11 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
             handle_cache_limit: 64 << 20,
             ..ExpandableConfig::default()
         }),
+        // Most growths under pressure (Note [Headroom]): remap before create, exact tails.
+        Just(ExpandableConfig {
+            headroom_fraction: 0.75,
+            ..ExpandableConfig::default()
+        }),
     ]
 }
 

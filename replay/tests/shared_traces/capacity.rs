@@ -1,0 +1,105 @@
+//! Issue 19's comparison, kept honest: on every shared trace, our expandable policy must not
+//! need more device capacity than either of PyTorch's policies (its classic caching allocator and
+//! its expandable segments with PyTorch's defaults), measured as `vmm-replay --min-capacity` does
+//! (bisection to 2 MiB at 80 GiB's settings). The per-trace table prints with
+//! `cargo test --release --test shared_traces capacity -- --nocapture`.
+
+use libtest_mimic::{Completion, Failed};
+use vmm_replay::replay::{min_capacity, replay, Policy, ReplayOptions};
+use vmm_replay::snapshot::read_snapshot;
+
+use crate::{Shared, SharedTest};
+
+/// The tests of this file.
+pub const TESTS: &[(&str, SharedTest)] = &[(
+    "capacity::ours_never_needs_more_than_either_pytorch_policy",
+    ours_never_needs_more_than_either_pytorch_policy,
+)];
+
+/// The bisection's step, as `vmm-replay --min-capacity`.
+const STEP: usize = 2 << 20;
+
+/// Issue 19, open: the traces where PyTorch's *classic* allocator still needs less capacity than
+/// ours (ours, classic, in MiB, measured 2026 on this commit). Ours must not lose more than this
+/// on them, nor lose on any other trace (or to pytorch-expandable on any trace); a trace that
+/// stops losing must leave this list. Each is a place the policy still has to win.
+const CLASSIC_STILL_WINS: &[(&str, usize, usize)] = &[
+    ("bert-validate", 2326, 2304),
+    ("cs336-2.7b-ctx128-fullstep", 52916, 52694),
+    ("cs336-medium-ctx128-train", 6816, 6772),
+    ("nca2d-wholeslide-inference", 15548, 15534),
+];
+
+fn ours_never_needs_more_than_either_pytorch_policy(shared: &Shared) -> Result<Completion, Failed> {
+    let files = shared.pickles("traces/pytorch")?;
+    let opts = ReplayOptions::default();
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "{:<34} {:>12} {:>12} {:>12} {:>12}",
+        "trace (MiB)", "peak live", "classic", "pytorch-exp", "ours"
+    );
+    let (mut checked, mut losses) = (0, Vec::new());
+    for f in files {
+        let bytes = std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let stem = f.file_stem().unwrap_or_default().to_string_lossy();
+        let traces = read_snapshot(&bytes, &stem).map_err(|e| format!("{stem}: {e}"))?;
+        for trace in traces.iter().filter(|t| !t.events.is_empty()) {
+            let mut min = [0usize; 3];
+            for (i, policy) in Policy::ALL.into_iter().enumerate() {
+                let at_80 = replay(trace, policy, &opts).map_err(|e| format!("{stem}: {e}"))?;
+                let upper = (at_80.peak_reserved_bytes as usize).max(opts.capacity);
+                let found = min_capacity(trace, policy, &opts, upper, STEP)
+                    .map_err(|e| format!("{stem}: {e}"))?;
+                min[i] = found
+                    .ok_or_else(|| format!("{}: {} does not fit", trace.name, policy.name()))?
+                    .0;
+            }
+            let [classic, pytorch, ours] = min;
+            eprintln!(
+                "{:<34} {:>12.0} {:>12.0} {:>12.0} {:>12.0}",
+                trace.name,
+                mib(trace.peak_live_bytes() as usize),
+                mib(classic),
+                mib(pytorch),
+                mib(ours)
+            );
+            let known = CLASSIC_STILL_WINS
+                .iter()
+                .find(|k| trace.name.starts_with(k.0));
+            let allowed_mib = match known {
+                Some(&(_, ours_then, classic_then)) if ours > classic => {
+                    (ours_then - classic_then) as f64
+                }
+                Some(&(name, ..)) => {
+                    losses.push(format!(
+                        "{name} no longer loses to classic: remove it from CLASSIC_STILL_WINS"
+                    ));
+                    0.0
+                }
+                None => 0.0,
+            };
+            if ours > pytorch || mib(ours) - mib(classic) > allowed_mib {
+                losses.push(format!(
+                    "{}: ours {:.0} MiB, classic {:.0}, pytorch-expandable {:.0}",
+                    trace.name,
+                    mib(ours),
+                    mib(classic),
+                    mib(pytorch)
+                ));
+            }
+            checked += 1;
+        }
+    }
+    if checked != 23 {
+        return Err(format!("{checked} shared traces with events checked, expected 23").into());
+    }
+    if !losses.is_empty() {
+        return Err(format!(
+            "ours needs more capacity than a PyTorch policy on {} trace(s):\n{}",
+            losses.len(),
+            losses.join("\n")
+        )
+        .into());
+    }
+    Ok(Completion::Completed)
+}
