@@ -12,6 +12,8 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod conf;
+pub mod diagnosis;
 pub mod dump;
 pub mod faithfulness;
 pub mod native;
@@ -44,6 +46,16 @@ pub enum Event {
     },
     /// The program called `empty_cache()` (seen as segment frees that no OOM explains).
     EmptyCache,
+    /// A request the traced program's allocator could not serve (a snapshot's `oom` entry):
+    /// PyTorch records an `alloc` only on success, so the failed request is replayed as its own
+    /// event. A replayed allocator that serves it frees it again at once (the trace does not say
+    /// how long the program would have kept it); one that cannot counts an OOM.
+    FailedAlloc {
+        /// Bytes requested.
+        size: u64,
+        /// The stream, as the trace numbers it.
+        stream: u64,
+    },
 }
 
 /// How the recording began.
@@ -127,6 +139,8 @@ impl Trace {
                 }
                 Event::Free { id } => live -= sizes.remove(&id).unwrap_or(0),
                 Event::EmptyCache => {}
+                // Live only for the instant it is served.
+                Event::FailedAlloc { size, .. } => peak = peak.max(live + size),
             }
         }
         peak

@@ -14,6 +14,11 @@ fn hand_made() -> Trace {
             alloc(4, u64::MAX, 0x7f8a38001020),
             free(0),
             Event::EmptyCache,
+            // A recorded OOM: the request the traced allocator failed.
+            Event::FailedAlloc {
+                size: 3 << 30,
+                stream: 0x7f8a38001020,
+            },
             alloc(5, 0, 0),
             alloc(6, 4096, 5),
             free(3),
@@ -24,6 +29,10 @@ fn hand_made() -> Trace {
             free(8),
             free(2),
             Event::EmptyCache,
+            Event::FailedAlloc {
+                size: 512,
+                stream: 0,
+            },
         ],
         start: StartState::Warm,
         skipped_frees: 17,
@@ -179,6 +188,7 @@ fn native_bit_flips_never_panic() {
                 Event::Alloc { id, size, stream } => alloc(id + 100, size, stream),
                 Event::Free { id } => free(id + 100),
                 Event::EmptyCache => Event::EmptyCache,
+                e @ Event::FailedAlloc { .. } => e,
             }),
     );
     let bytes = write_native(&t);

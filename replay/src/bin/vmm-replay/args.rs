@@ -51,6 +51,13 @@ pub struct Args {
         default_value = "classic,pytorch-expandable,expandable"
     )]
     pub allocators: Vec<String>,
+    /// Settings for one allocator, ALLOCATOR=SETTINGS (repeatable; the same allocator twice runs
+    /// it once with each): PYTORCH_CUDA_ALLOC_CONF's grammar and keys for all three (e.g.
+    /// classic=max_split_size_mb:128,garbage_collection_threshold:0.6, or
+    /// expandable=large_segment_size_mb:64), applied on top of the trace's recorded settings.
+    /// An allocator named here and not in --allocators is added.
+    #[arg(long, value_name = "ALLOCATOR=SETTINGS")]
+    pub conf: Vec<String>,
     /// Do not replay the traced program's empty_cache() calls.
     #[arg(long)]
     pub no_empty_cache: bool,

@@ -47,7 +47,8 @@ fn run(args: &Args) -> Result<(), String> {
             Err("the classic allocator diverged from the recorded one (see the table)".into())
         };
     }
-    let policies = policies(&args.allocators)?;
+    let configs = configurations(&args.allocators, &args.conf)?;
+    let policies: Vec<Policy> = configs.iter().map(|c| c.0).collect();
     let dumped = dumped_policy(args, &policies)?;
     let capacity = usize::try_from(args.capacity)
         .map_err(|_| "--capacity does not fit this machine's address size".to_string())?;
@@ -62,12 +63,14 @@ fn run(args: &Args) -> Result<(), String> {
         ..ReplayOptions::default()
     };
     let several = traces.len() > 1;
-    let total: u64 = traces.iter().map(events).sum::<u64>() * policies.len() as u64;
+    let total: u64 = traces.iter().map(events).sum::<u64>() * configs.len() as u64;
     let bar = progress(total);
     let mut reports = Vec::new();
     for trace in traces {
         let mut outcomes = Vec::new();
-        for &policy in &policies {
+        let mut dumped_once = false;
+        for (policy, settings) in &configs {
+            let policy = *policy;
             bar.set_message(format!("{} / {}", trace.name, policy.name()));
             let failed = |e: &dyn std::fmt::Display| {
                 format!(
@@ -76,8 +79,11 @@ fn run(args: &Args) -> Result<(), String> {
                     policy.name()
                 )
             };
+            let record_history = dumped == Some(policy) && !dumped_once;
+            dumped_once |= record_history;
             let opts = ReplayOptions {
-                record_history: dumped == Some(policy),
+                record_history,
+                settings: settings.clone(),
                 ..opts.clone()
             };
             let base = bar.position();
@@ -130,8 +136,38 @@ fn events(t: &Trace) -> u64 {
     (t.initial.len() + t.events.len()) as u64
 }
 
-fn policies(names: &[String]) -> Result<Vec<Policy>, String> {
-    names.iter().map(|n| policy(n)).collect()
+/// The runs to make: each allocator of `--allocators` with each of its `--conf` settings (once
+/// with the trace's own settings when it has none), then the allocators only `--conf` names.
+fn configurations(
+    names: &[String],
+    confs: &[String],
+) -> Result<Vec<(Policy, Option<String>)>, String> {
+    let mut given: Vec<(Policy, String)> = Vec::new();
+    for c in confs {
+        let Some((name, settings)) = c.split_once('=') else {
+            return Err(format!(
+                "--conf {c:?}: expected ALLOCATOR=SETTINGS, e.g. classic=max_split_size_mb:128"
+            ));
+        };
+        let p = policy(name)?;
+        vmm_replay::conf::effective(p, None, Some(settings)).map_err(|e| format!("--conf {e}"))?;
+        given.push((p, settings.trim().to_string()));
+    }
+    let mut out = Vec::new();
+    let mut listed: Vec<Policy> = names.iter().map(|n| policy(n)).collect::<Result<_, _>>()?;
+    for (p, _) in &given {
+        if !listed.contains(p) {
+            listed.push(*p);
+        }
+    }
+    for p in listed {
+        let mine: Vec<_> = given.iter().filter(|(q, _)| *q == p).collect();
+        if mine.is_empty() {
+            out.push((p, None));
+        }
+        out.extend(mine.into_iter().map(|(_, s)| (p, Some(s.clone()))));
+    }
+    Ok(out)
 }
 
 fn policy(name: &str) -> Result<Policy, String> {
