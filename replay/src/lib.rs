@@ -12,6 +12,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod advise;
 pub mod conf;
 pub mod diagnosis;
 pub mod dump;

@@ -2,6 +2,7 @@
 //! real programs (PyTorch memory snapshots, RMM logs, our own format) or built-in workloads
 //! against each allocator on the Sim backend, and reports how much memory each needed.
 
+mod advise;
 mod args;
 mod check;
 mod load;
@@ -26,8 +27,13 @@ use report::{AllocatorReport, TraceReport};
 const CAPACITY_STEP: usize = 2 << 20;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args) {
+    let result = if std::env::args_os().nth(1).is_some_and(|a| a == "advise") {
+        let args = advise::AdviseArgs::parse_from(std::env::args_os().skip(1));
+        advise::run(&args)
+    } else {
+        run(&Args::parse())
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("vmm-replay: {message}");
