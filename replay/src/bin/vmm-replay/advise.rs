@@ -29,9 +29,12 @@ pub struct AdviseArgs {
     /// Threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Print JSON instead of the table.
+    /// Print JSON instead of the table (every figure of the report, timelines included).
     #[arg(long)]
     pub json: bool,
+    /// Also write the report as one self-contained HTML page (inline SVG, nothing fetched).
+    #[arg(long, value_name = "FILE.html")]
+    pub report: Option<PathBuf>,
 }
 
 /// Runs the sweep and prints the advice.
@@ -79,6 +82,11 @@ pub fn run(args: &AdviseArgs) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", trace.name))?;
     bar.finish_and_clear();
     let advice = recommend(&trace, capacity, &verdicts);
+    let text = table(&trace.name, &basis, &verdicts, &advice);
+    if let Some(path) = &args.report {
+        let page = crate::html::page(&trace.name, &basis, &text, &advice, &verdicts, capacity);
+        std::fs::write(path, page).map_err(|e| format!("{}: cannot write: {e}", path.display()))?;
+    }
     if args.json {
         let v = json!({
             "trace": trace.name,
@@ -93,7 +101,7 @@ pub fn run(args: &AdviseArgs) -> Result<(), String> {
             serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?
         );
     } else {
-        print!("{}", table(&trace.name, &basis, &verdicts, &advice));
+        print!("{text}");
     }
     Ok(())
 }

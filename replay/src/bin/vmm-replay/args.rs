@@ -78,8 +78,11 @@ pub struct Args {
     /// of --allocators).
     #[arg(long, value_name = "NAME")]
     pub dump_allocator: Option<String>,
-    /// Write the trace read (exactly one) in vmm-alloc's compact format to this file, then
-    /// replay it as usual.
+    /// Of a snapshot that recorded several devices, read only this one (its index).
+    #[arg(long)]
+    pub device: Option<usize>,
+    /// Write the trace read (exactly one; --device picks one of a multi-device snapshot) in
+    /// vmm-alloc's compact format to this file, then replay it as usual.
     #[arg(long, value_name = "FILE")]
     pub write_trace: Option<PathBuf>,
 }

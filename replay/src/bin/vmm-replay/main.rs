@@ -5,6 +5,7 @@
 mod advise;
 mod args;
 mod check;
+mod html;
 mod load;
 mod plot;
 mod report;
@@ -234,7 +235,17 @@ fn with_trace_name(path: &Path, name: &str, several: bool) -> std::path::PathBuf
 fn read_traces(args: &Args) -> Result<Vec<Trace>, String> {
     let mut traces = Vec::new();
     for f in &args.files {
-        traces.extend(load::load(f).map_err(|e| e.to_string())?);
+        let mut read = load::load(f).map_err(|e| e.to_string())?;
+        if let (Some(d), n) = (args.device, read.len()) {
+            if d >= n {
+                return Err(format!(
+                    "--device {d}: {} has {n} device trace(s)",
+                    f.display()
+                ));
+            }
+            read = vec![read.swap_remove(d)];
+        }
+        traces.extend(read);
     }
     for name in &args.workload {
         let trace = workloads::by_name(name, args.seed, args.ops, args.max_size);
@@ -253,7 +264,7 @@ fn read_traces(args: &Args) -> Result<Vec<Trace>, String> {
     if let Some(out) = &args.write_trace {
         let [single] = traces.as_slice() else {
             return Err(format!(
-                "--write-trace takes exactly one trace, {} were read",
+                "--write-trace takes exactly one trace, {} were read (--device N picks one device of a snapshot)",
                 traces.len()
             ));
         };

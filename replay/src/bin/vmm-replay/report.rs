@@ -194,7 +194,7 @@ fn summary(reports: &[TraceReport]) -> String {
             0.0
         };
         out.push_str(&format!(
-            "{name}: {} traces, peak reserved {} for peak live {} (utilization {utilization:.3}), {calls} driver calls, {} created, {ooms} OOMs, {events} events at {rate:.2} Mevents/s",
+            "{name}: {} traces, per-trace peaks summed (not one device's peak): reserved {} for live {} (utilization {utilization:.3}), {calls} driver calls, {} created, {ooms} OOMs, {events} events at {rate:.2} Mevents/s",
             reports.len(),
             human_bytes(reserved),
             human_bytes(live),
