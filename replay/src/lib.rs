@@ -122,7 +122,8 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Peak of live requested bytes over the trace, counting the initial blocks.
+    /// Peak of live requested bytes over the trace, counting the initial blocks (not the failed
+    /// requests: they were never live).
     pub fn peak_live_bytes(&self) -> u64 {
         let mut sizes = std::collections::HashMap::new();
         let mut live: u64 = 0;
@@ -139,9 +140,8 @@ impl Trace {
                     peak = peak.max(live);
                 }
                 Event::Free { id } => live -= sizes.remove(&id).unwrap_or(0),
-                Event::EmptyCache => {}
-                // Live only for the instant it is served.
-                Event::FailedAlloc { size, .. } => peak = peak.max(live + size),
+                // Never live in the recorded program (as trace_summary.py counts).
+                Event::EmptyCache | Event::FailedAlloc { .. } => {}
             }
         }
         peak

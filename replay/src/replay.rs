@@ -409,8 +409,10 @@ impl<A: Allocator> Run<'_, A> {
             Err(e) if e.is_out_of_memory() || matches!(e, AllocError::TooLarge { .. }) => {
                 self.ooms += 1;
                 let replayed = self.moments.iter().filter(|m| !m.recorded).count();
-                if replayed < MAX_OOM_MOMENTS {
-                    self.explain(size as u64, stream, false, false);
+                if replayed < MAX_OOM_MOMENTS && self.diagnose {
+                    // After the allocator's own release and retry: what it was left with.
+                    let after = (self.alloc.snapshot(), self.alloc.held_bytes());
+                    self.explain(size as u64, stream, false, false, after);
                 }
                 if let Some(h) = &mut self.history {
                     h.oom(&e, size as u64, stream, self.alloc);
@@ -446,31 +448,23 @@ impl<A: Allocator> Run<'_, A> {
             }
             Err(e) => return Err(e),
         };
-        if let Some((snapshot, reserved)) = before {
-            let request = Request {
-                event: self.index,
-                size,
-                stream,
-                recorded: true,
-                served,
-            };
-            self.moments.push(diagnose(
-                request,
-                &snapshot,
-                self.live_bytes,
-                reserved,
-                self.capacity,
-            ));
+        if let Some(before) = before {
+            self.explain(size, stream, true, served, before);
         }
         self.tick();
         Ok(())
     }
 
-    /// Records the picture of a replayed OOM (after the allocator's own release and retry).
-    fn explain(&mut self, size: u64, stream: u64, recorded: bool, served: bool) {
-        if !self.diagnose {
-            return;
-        }
+    /// Records the picture of an OOM moment from the allocator's state `before` (its snapshot
+    /// and held bytes).
+    fn explain(
+        &mut self,
+        size: u64,
+        stream: u64,
+        recorded: bool,
+        served: bool,
+        before: (vmm_alloc::snapshot::Snapshot, u64),
+    ) {
         let request = Request {
             event: self.index,
             size,
@@ -478,8 +472,7 @@ impl<A: Allocator> Run<'_, A> {
             recorded,
             served,
         };
-        let snapshot = self.alloc.snapshot();
-        let reserved = self.alloc.held_bytes();
+        let (snapshot, reserved) = before;
         self.moments.push(diagnose(
             request,
             &snapshot,
