@@ -9,6 +9,9 @@ use clap::Parser;
 ///
 /// With no FILES, the built-in workloads run (transformer training, inference with a growing KV
 /// cache, varying batch sizes, RMM-style random allocations): see --workload.
+///
+/// `vmm-replay advise TRACE [--capacity 24GiB] [--report FILE.html]` answers "would a
+/// PYTORCH_CUDA_ALLOC_CONF setting have saved my run?" (see `vmm-replay advise --help`).
 #[derive(Parser, Debug)]
 #[command(version)]
 pub struct Args {

@@ -29,7 +29,10 @@ const CAPACITY_STEP: usize = 2 << 20;
 
 fn main() -> ExitCode {
     let result = if std::env::args_os().nth(1).is_some_and(|a| a == "advise") {
-        let args = advise::AdviseArgs::parse_from(std::env::args_os().skip(1));
+        let name = std::ffi::OsString::from("vmm-replay advise");
+        let args = advise::AdviseArgs::parse_from(
+            std::iter::once(name).chain(std::env::args_os().skip(2)),
+        );
         advise::run(&args)
     } else {
         run(&Args::parse())
