@@ -356,6 +356,14 @@ mod cuda {
                     }
                 }
                 Event::EmptyCache => alloc.empty_cache().expect("empty_cache"),
+                // A request the traced program failed: served and freed at once, as the replay.
+                Event::FailedAlloc { size, stream } => {
+                    let bytes = usize::try_from(size).unwrap_or(usize::MAX);
+                    match alloc.allocate(bytes, streams[&stream]) {
+                        Ok(a) => alloc.deallocate(a).expect("deallocate"),
+                        Err(_) => n.ooms += 1,
+                    }
+                }
             }
             n.peak_reserved = n.peak_reserved.max(alloc.held_bytes());
             n.events += 1;
@@ -370,7 +378,7 @@ mod cuda {
         let mut streams = HashMap::from([(0, StreamId::DEFAULT)]);
         let named = trace.initial.iter().map(|b| b.stream);
         let named = named.chain(trace.events.iter().filter_map(|e| match e {
-            Event::Alloc { stream, .. } => Some(*stream),
+            Event::Alloc { stream, .. } | Event::FailedAlloc { stream, .. } => Some(*stream),
             _ => None,
         }));
         for s in named {

@@ -67,5 +67,28 @@ fn replay_throughput(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, replay_throughput);
+/// `vmm-replay advise`'s full sweep (every candidate, minimum capacity included) on the largest
+/// shared trace at the capacity it states by default, on every core: `advise/sweep/<trace>`.
+/// The target (issue 20): under 30 s on the 2-core development machine.
+fn advise_sweep(c: &mut Criterion) {
+    use vmm_replay::advise::{candidates, default_capacity, sweep};
+    let Ok(trace) = shared_trace::largest() else {
+        println!("advise: SKIPPED (no shared traces)");
+        return;
+    };
+    let (capacity, _) = default_capacity(&trace);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let list = candidates();
+    let mut group = c.benchmark_group("advise");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(5));
+    group.bench_function(BenchmarkId::new("sweep", &trace.name), |b| {
+        b.iter(|| sweep(&trace, &list, capacity as usize, threads, &|| {}).expect("sweep"))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, replay_throughput, advise_sweep);
 criterion_main!(benches);

@@ -12,6 +12,9 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod advise;
+pub mod conf;
+pub mod diagnosis;
 pub mod dump;
 pub mod faithfulness;
 pub mod native;
@@ -44,6 +47,16 @@ pub enum Event {
     },
     /// The program called `empty_cache()` (seen as segment frees that no OOM explains).
     EmptyCache,
+    /// A request the traced program's allocator could not serve (a snapshot's `oom` entry):
+    /// PyTorch records an `alloc` only on success, so the failed request is replayed as its own
+    /// event. A replayed allocator that serves it frees it again at once (the trace does not say
+    /// how long the program would have kept it); one that cannot counts an OOM.
+    FailedAlloc {
+        /// Bytes requested.
+        size: u64,
+        /// The stream, as the trace numbers it.
+        stream: u64,
+    },
 }
 
 /// How the recording began.
@@ -109,7 +122,8 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// Peak of live requested bytes over the trace, counting the initial blocks.
+    /// Peak of live requested bytes over the trace, counting the initial blocks (not the failed
+    /// requests: they were never live).
     pub fn peak_live_bytes(&self) -> u64 {
         let mut sizes = std::collections::HashMap::new();
         let mut live: u64 = 0;
@@ -126,7 +140,8 @@ impl Trace {
                     peak = peak.max(live);
                 }
                 Event::Free { id } => live -= sizes.remove(&id).unwrap_or(0),
-                Event::EmptyCache => {}
+                // Never live in the recorded program (as trace_summary.py counts).
+                Event::EmptyCache | Event::FailedAlloc { .. } => {}
             }
         }
         peak

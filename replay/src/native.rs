@@ -11,9 +11,13 @@
 //! name             string
 //! start            1 byte   0 empty, 1 near-empty, 2 warm
 //! skipped_frees    varint
-//! flags            1 byte   bit 0: recorded follows, bit 1: alloc_conf follows (others 0)
+//! flags            1 byte   bit 0: recorded follows, bit 1: alloc_conf follows, bit 2: failed
+//!                           requests follow (others 0)
 //! [recorded]       varint ×3  peak_reserved_bytes, segment_allocs, segment_frees
 //! [alloc_conf]     string
+//! [failed]         varint count, then per request: its position among the events (varint,
+//!                  increasing), size varint, stream varint (`FailedAlloc` events; the ops
+//!                  and the event count below leave them out)
 //! initial count    varint   then per block: size varint, stream varint
 //! event count      varint   events that follow
 //! alloc count      varint   Alloc events among them
@@ -80,7 +84,20 @@ pub fn write_native(trace: &Trace) -> Vec<u8> {
         StartState::Warm => 2,
     });
     put(&mut out, trace.skipped_frees.into());
-    out.push(u8::from(trace.recorded.is_some()) | u8::from(trace.alloc_conf.is_some()) << 1);
+    let failed: Vec<(usize, u64, u64)> = trace
+        .events
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match *e {
+            Event::FailedAlloc { size, stream } => Some((i, size, stream)),
+            _ => None,
+        })
+        .collect();
+    out.push(
+        u8::from(trace.recorded.is_some())
+            | u8::from(trace.alloc_conf.is_some()) << 1
+            | u8::from(!failed.is_empty()) << 2,
+    );
     if let Some(r) = &trace.recorded {
         put(&mut out, r.peak_reserved_bytes.into());
         put(&mut out, r.segment_allocs.into());
@@ -88,6 +105,14 @@ pub fn write_native(trace: &Trace) -> Vec<u8> {
     }
     if let Some(conf) = &trace.alloc_conf {
         put_str(&mut out, conf);
+    }
+    if !failed.is_empty() {
+        put(&mut out, failed.len() as u128);
+        for &(i, size, stream) in &failed {
+            put(&mut out, i as u128);
+            put(&mut out, size.into());
+            put(&mut out, stream.into());
+        }
     }
 
     // Old id -> dense id, for initial blocks and allocations seen so far.
@@ -103,7 +128,7 @@ pub fn write_native(trace: &Trace) -> Vec<u8> {
         .iter()
         .filter(|e| matches!(e, Event::Alloc { .. }))
         .count();
-    put(&mut out, trace.events.len() as u128);
+    put(&mut out, (trace.events.len() - failed.len()) as u128);
     put(&mut out, allocs as u128);
 
     let mut next_id = trace.initial.len() as u64;
@@ -150,6 +175,8 @@ pub fn write_native(trace: &Trace) -> Vec<u8> {
                 }
             },
             Event::EmptyCache => put_op(&mut out, TAG_OTHER, OTHER_EMPTY_CACHE),
+            // In the header.
+            Event::FailedAlloc { .. } => {}
         }
     }
     let sum = fnv1a(&out);
@@ -203,7 +230,7 @@ pub fn read_native(bytes: &[u8], name: &str) -> Result<Trace, TraceError> {
     };
     let skipped_frees = r.u64("skipped_frees")?;
     let flags = r.byte("flags")?;
-    if flags & !3 != 0 {
+    if flags & !7 != 0 {
         return Err(r.error(format!("unknown flags {flags:#04x}")));
     }
     let recorded = if flags & 1 != 0 {
@@ -220,6 +247,21 @@ pub fn read_native(bytes: &[u8], name: &str) -> Result<Trace, TraceError> {
     } else {
         None
     };
+    let mut failed = Vec::new();
+    if flags & 4 != 0 {
+        let n = r.count("failed requests", 3)?;
+        for _ in 0..n {
+            let at = r.u64("failed request position")?;
+            if failed.last().is_some_and(|&(prev, _)| at <= prev) {
+                return Err(r.error(format!(
+                    "failed request positions must increase, {at} does not"
+                )));
+            }
+            let size = r.u64("failed request size")?;
+            let stream = r.u64("failed request stream")?;
+            failed.push((at, Event::FailedAlloc { size, stream }));
+        }
+    }
 
     let n_initial = r.count("initial blocks", 2)?;
     let mut initial = Vec::with_capacity(n_initial);
@@ -239,7 +281,8 @@ pub fn read_native(bytes: &[u8], name: &str) -> Result<Trace, TraceError> {
             "claims {n_allocs} allocations among {n_events} events"
         )));
     }
-    let events = r.events(n_initial as u64, n_events, n_allocs)?;
+    let ops = r.events(n_initial as u64, n_events, n_allocs)?;
+    let events = merge_failed(ops, failed).map_err(|m| r.error(m))?;
 
     let body_end = r.pos;
     let mut sum = [0u8; 8];
@@ -467,6 +510,27 @@ impl Reader<'_> {
         }
         Ok(events)
     }
+}
+
+/// The ops' events with the header's failed requests put back at their positions.
+fn merge_failed(ops: Vec<Event>, failed: Vec<(u64, Event)>) -> Result<Vec<Event>, String> {
+    if failed.is_empty() {
+        return Ok(ops);
+    }
+    let total = ops.len() + failed.len();
+    let mut events = Vec::with_capacity(total);
+    let mut ops = ops.into_iter();
+    for (at, e) in failed {
+        if at >= total as u64 {
+            return Err(format!("failed request at {at}, past the {total} events"));
+        }
+        while (events.len() as u64) < at {
+            events.extend(ops.next());
+        }
+        events.push(e);
+    }
+    events.extend(ops);
+    Ok(events)
 }
 
 fn op(tag: u128, payload: u128) -> u128 {

@@ -4,11 +4,13 @@
 use rustc_hash::FxHashMap;
 use std::time::Instant;
 
+use crate::conf::{effective, Setup};
+use crate::diagnosis::{diagnose, OomMoment, Request};
 use crate::dump::recorder::Recorder;
 use crate::dump::SnapshotDump;
 use crate::{Event, Trace};
 use vmm_alloc::backend::{CallCounts, SimBackend, SimConfig};
-use vmm_alloc::config::{parse_alloc_conf, AllocConf, ExpandableConfig};
+use vmm_alloc::config::{parse_alloc_conf, AllocConf, ConfigError, ExpandableConfig};
 use vmm_alloc::error::AllocError;
 use vmm_alloc::{Allocation, Allocator, ClassicAllocator, ExpandableAllocator, StreamId};
 
@@ -87,7 +89,16 @@ pub struct ReplayOptions {
     /// Record the allocator's history and final state in [`ReplayOutcome::history`], to write as
     /// a PyTorch memory snapshot. Default false: a replay that records nothing pays nothing.
     pub record_history: bool,
+    /// A `PYTORCH_CUDA_ALLOC_CONF` change applied on top of the trace's recorded settings (keys
+    /// it sets replace the recorded ones), validated: `--conf ALLOCATOR=SETTINGS`.
+    pub settings: Option<String>,
+    /// Explain the OOM moments ([`ReplayOutcome::oom_moments`]). Default true.
+    pub diagnose: bool,
 }
+
+/// Replayed OOMs explained per run (the first ones; recorded failed requests always are, up to
+/// the same bound again): the first shows the fragmentation, the rest repeat it.
+pub const MAX_OOM_MOMENTS: usize = 4;
 
 impl Default for ReplayOptions {
     fn default() -> Self {
@@ -97,6 +108,8 @@ impl Default for ReplayOptions {
             timeline_points: 1000,
             use_trace_settings: true,
             record_history: false,
+            settings: None,
+            diagnose: true,
         }
     }
 }
@@ -117,6 +130,9 @@ pub struct TimelinePoint {
 pub struct ReplayOutcome {
     /// The policy's name.
     pub allocator: &'static str,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` settings it replayed with (the trace's with any change on
+    /// top; empty: the defaults).
+    pub settings: String,
     /// The simulated device's capacity.
     pub capacity_bytes: u64,
     /// Peak of live requested bytes (what the program needed at least).
@@ -125,8 +141,19 @@ pub struct ReplayOutcome {
     pub peak_reserved_bytes: u64,
     /// `peak_live_bytes / peak_reserved_bytes`.
     pub utilization: f64,
-    /// Allocations that failed with out-of-memory (skipped; their frees too).
+    /// Allocations that failed with out-of-memory (skipped; their frees too), recorded failed
+    /// requests included.
     pub ooms: u64,
+    /// The trace's recorded failed requests (`oom` entries) replayed.
+    pub recorded_ooms: u64,
+    /// Of them, the ones this allocator served.
+    pub recorded_ooms_served: u64,
+    /// cudaMalloc retries: allocations that succeeded only after the cache was released
+    /// (PyTorch's `num_alloc_retries`; each synchronizes every stream).
+    pub alloc_retries: u64,
+    /// The OOM moments explained (up to [`MAX_OOM_MOMENTS`] replayed OOMs and as many recorded
+    /// failed requests), in event order.
+    pub oom_moments: Vec<OomMoment>,
     /// Backend calls the allocator made, all kinds.
     pub driver_calls: u64,
     /// The same by kind (`cuMemCreate`, `cuMemMap`, `cuStreamSynchronize`, ...).
@@ -174,21 +201,31 @@ pub fn replay_with_progress(
         .use_trace_settings
         .then_some(trace.alloc_conf.as_deref())
         .flatten();
-    let Some(config) = policy.config(conf) else {
-        let alloc = ClassicAllocator::new(sim, Policy::alloc_conf(conf))?;
-        // Dumping a classic replay as a snapshot is not supported yet: no history.
-        return drive(trace, policy, opts, capacity, &alloc, None, progress);
+    let (text, setup) =
+        effective(policy, conf, opts.settings.as_deref()).map_err(|message| ConfigError {
+            message,
+            token: None,
+        })?;
+    let config = match setup {
+        Setup::Classic(c) => {
+            let alloc = ClassicAllocator::new(sim, c)?;
+            // Dumping a classic replay as a snapshot is not supported yet: no history.
+            return drive(trace, policy, opts, capacity, &alloc, None, progress, text);
+        }
+        Setup::Expandable(config) => config,
     };
     let alloc = ExpandableAllocator::new(sim, config.clone())?;
     let history = opts.record_history.then(|| {
-        // The string was applied only if it parsed (see `Policy::config`).
-        let applied = conf.filter(|c| parse_alloc_conf(c).is_ok());
-        Recorder::new(&alloc, capacity as u64, config, applied.map(str::to_string))
+        let applied = (!text.is_empty()).then(|| text.clone());
+        Recorder::new(&alloc, capacity as u64, config, applied)
     });
-    drive(trace, policy, opts, capacity, &alloc, history, progress)
+    drive(
+        trace, policy, opts, capacity, &alloc, history, progress, text,
+    )
 }
 
 /// Replays `trace` through `alloc` and measures it.
+#[allow(clippy::too_many_arguments)] // one private call site each, all of it needed
 fn drive<A: Allocator>(
     trace: &Trace,
     policy: Policy,
@@ -197,6 +234,7 @@ fn drive<A: Allocator>(
     alloc: &A,
     history: Option<Recorder>,
     progress: &mut dyn FnMut(u64),
+    settings: String,
 ) -> Result<ReplayOutcome, AllocError> {
     let total = (trace.initial.len() + trace.events.len()) as u64;
     let stride = (total / opts.timeline_points.max(1) as u64).max(1);
@@ -216,6 +254,11 @@ fn drive<A: Allocator>(
         stride,
         index: 0,
         history,
+        capacity: capacity as u64,
+        diagnose: opts.diagnose,
+        recorded_ooms: 0,
+        recorded_served: 0,
+        moments: Vec::new(),
     };
     let start = Instant::now();
     for b in &trace.initial {
@@ -233,6 +276,7 @@ fn drive<A: Allocator>(
                 run.tick();
             }
             Event::EmptyCache => run.tick(),
+            Event::FailedAlloc { size, stream } => run.failed_alloc(size, stream)?,
         }
     }
     let seconds = start.elapsed().as_secs_f64();
@@ -246,6 +290,11 @@ fn drive<A: Allocator>(
         (run.peak_live, run.peak_reserved, run.ooms, run.timeline);
     Ok(ReplayOutcome {
         allocator: policy.name(),
+        settings,
+        recorded_ooms: run.recorded_ooms,
+        recorded_ooms_served: run.recorded_served,
+        alloc_retries: stats.num_alloc_retries,
+        oom_moments: run.moments,
         capacity_bytes: capacity as u64,
         peak_live_bytes: peak_live,
         peak_reserved_bytes: peak_reserved,
@@ -290,6 +339,7 @@ pub fn min_capacity(
                 capacity,
                 timeline_points: 1,
                 record_history: false,
+                diagnose: false,
                 ..opts.clone()
             },
         )
@@ -330,6 +380,11 @@ struct Run<'a, A: Allocator> {
     index: u64,
     /// The history, when recorded.
     history: Option<Recorder>,
+    capacity: u64,
+    diagnose: bool,
+    recorded_ooms: u64,
+    recorded_served: u64,
+    moments: Vec<OomMoment>,
 }
 
 impl<A: Allocator> Run<'_, A> {
@@ -353,6 +408,12 @@ impl<A: Allocator> Run<'_, A> {
             }
             Err(e) if e.is_out_of_memory() || matches!(e, AllocError::TooLarge { .. }) => {
                 self.ooms += 1;
+                let replayed = self.moments.iter().filter(|m| !m.recorded).count();
+                if replayed < MAX_OOM_MOMENTS && self.diagnose {
+                    // After the allocator's own release and retry: what it was left with.
+                    let after = (self.alloc.snapshot(), self.alloc.held_bytes());
+                    self.explain(size as u64, stream, false, false, after);
+                }
                 if let Some(h) = &mut self.history {
                     h.oom(&e, size as u64, stream, self.alloc);
                 }
@@ -361,6 +422,64 @@ impl<A: Allocator> Run<'_, A> {
         }
         self.tick();
         Ok(())
+    }
+
+    /// A request the traced program's allocator failed: served and freed at once, or an OOM.
+    fn failed_alloc(&mut self, size: u64, stream: u64) -> Result<(), AllocError> {
+        self.recorded_ooms += 1;
+        let bytes = usize::try_from(size).unwrap_or(usize::MAX);
+        let explain = self.moments.iter().filter(|m| m.recorded).count() < MAX_OOM_MOMENTS;
+        // The picture before the request: what the program's allocator faced.
+        let before =
+            (explain && self.diagnose).then(|| (self.alloc.snapshot(), self.alloc.held_bytes()));
+        let served = match self.alloc.allocate(bytes, StreamId::sim(stream)) {
+            Ok(a) => {
+                self.peak_live = self.peak_live.max(self.live_bytes + size);
+                let reserved = self.alloc.held_bytes();
+                self.peak_reserved = self.peak_reserved.max(reserved);
+                self.bucket.live = self.bucket.live.max(self.live_bytes + size);
+                self.alloc.deallocate(a)?;
+                self.recorded_served += 1;
+                true
+            }
+            Err(e) if e.is_out_of_memory() || matches!(e, AllocError::TooLarge { .. }) => {
+                self.ooms += 1;
+                false
+            }
+            Err(e) => return Err(e),
+        };
+        if let Some(before) = before {
+            self.explain(size, stream, true, served, before);
+        }
+        self.tick();
+        Ok(())
+    }
+
+    /// Records the picture of an OOM moment from the allocator's state `before` (its snapshot
+    /// and held bytes).
+    fn explain(
+        &mut self,
+        size: u64,
+        stream: u64,
+        recorded: bool,
+        served: bool,
+        before: (vmm_alloc::snapshot::Snapshot, u64),
+    ) {
+        let request = Request {
+            event: self.index,
+            size,
+            stream,
+            recorded,
+            served,
+        };
+        let (snapshot, reserved) = before;
+        self.moments.push(diagnose(
+            request,
+            &snapshot,
+            self.live_bytes,
+            reserved,
+            self.capacity,
+        ));
     }
 
     fn free(&mut self, id: u64) -> Result<(), AllocError> {

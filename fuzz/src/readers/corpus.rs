@@ -99,7 +99,8 @@ fn rmm_csv(trace: &Trace) -> Vec<u8> {
             Event::Free { id } => blocks
                 .remove(&id)
                 .map(|(ptr, size, stream)| ("free", ptr, size, stream)),
-            Event::EmptyCache => None,
+            // The RMM reader ignores `allocate failure` lines: nothing to write.
+            Event::EmptyCache | Event::FailedAlloc { .. } => None,
         };
         if let Some((action, ptr, size, stream)) = line {
             out.push_str(&format!(

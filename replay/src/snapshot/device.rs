@@ -185,7 +185,12 @@ pub(super) fn device_trace(
                     orphan_seg_releases += 1;
                 }
             }
-            Action::Oom | Action::Other => {}
+            // The request that failed: PyTorch writes no `alloc` for it (size = round_size).
+            Action::Oom => events.push(Event::FailedAlloc {
+                size: e.size,
+                stream: e.stream,
+            }),
+            Action::Other => {}
         }
     }
 

@@ -1,5 +1,6 @@
 //! `vmm-replay` as a user runs it: the binary, its output and its exit codes.
 
+mod advise_conf;
 mod bad_input;
 mod check_classic;
 mod outputs;

@@ -24,6 +24,7 @@ fn check_sane(t: &Trace) -> (u64, usize) {
                 );
             }
             Event::EmptyCache => {}
+            Event::FailedAlloc { .. } => panic!("{}: a workload never fails a request", t.name),
         }
     }
     // Long-lived state: exactly the first allocations, none of which is ever freed.

@@ -14,6 +14,11 @@ fn hand_made() -> Trace {
             alloc(4, u64::MAX, 0x7f8a38001020),
             free(0),
             Event::EmptyCache,
+            // A recorded OOM: the request the traced allocator failed.
+            Event::FailedAlloc {
+                size: 3 << 30,
+                stream: 0x7f8a38001020,
+            },
             alloc(5, 0, 0),
             alloc(6, 4096, 5),
             free(3),
@@ -24,6 +29,10 @@ fn hand_made() -> Trace {
             free(8),
             free(2),
             Event::EmptyCache,
+            Event::FailedAlloc {
+                size: 512,
+                stream: 0,
+            },
         ],
         start: StartState::Warm,
         skipped_frees: 17,
@@ -179,6 +188,7 @@ fn native_bit_flips_never_panic() {
                 Event::Alloc { id, size, stream } => alloc(id + 100, size, stream),
                 Event::Free { id } => free(id + 100),
                 Event::EmptyCache => Event::EmptyCache,
+                e @ Event::FailedAlloc { .. } => e,
             }),
     );
     let bytes = write_native(&t);
@@ -257,9 +267,18 @@ fn native_rejects_bad_headers_and_claims() {
     let mut b = b"VMMTRACE\x01\x00\x05".to_vec();
     b.extend([0; 12]);
     assert!(message(read_native(&sealed(b), "n")).contains("unknown start state 5"));
-    let mut b = b"VMMTRACE\x01\x00\x00\x00\x04".to_vec();
+    let mut b = b"VMMTRACE\x01\x00\x00\x00\x08".to_vec();
     b.extend([0; 12]);
     assert!(native_err(&sealed(b)).message.contains("unknown flags"));
+    // Failed requests (flag bit 2) out of order, or past the events.
+    let mut b = b"VMMTRACE\x01\x00\x00\x00\x04\x02\x01\x05\x00\x01\x05\x00".to_vec();
+    b.extend([0; 12]);
+    let e = native_err(&sealed(b)).message;
+    assert!(e.contains("failed request positions must increase"), "{e}");
+    // One failed request at position 3 of a trace with no other events.
+    let b = b"VMMTRACE\x01\x00\x00\x00\x04\x01\x03\x05\x00\x00\x00\x00".to_vec();
+    let e = native_err(&sealed(b)).message;
+    assert!(e.contains("past the 1 events"), "{e}");
     // A bad checksum on an otherwise good file.
     let mut good = write_native(&hand_made());
     let n = good.len();

@@ -45,7 +45,7 @@ fn allocs_and_frees(events: &[Event]) -> Vec<(bool, u64, u64)> {
                     out.push((false, n, 0));
                 }
             }
-            Event::EmptyCache => {}
+            Event::EmptyCache | Event::FailedAlloc { .. } => {}
         }
     }
     out

@@ -9,6 +9,9 @@ use clap::Parser;
 ///
 /// With no FILES, the built-in workloads run (transformer training, inference with a growing KV
 /// cache, varying batch sizes, RMM-style random allocations): see --workload.
+///
+/// `vmm-replay advise TRACE [--capacity 24GiB] [--report FILE.html]` answers "would a
+/// PYTORCH_CUDA_ALLOC_CONF setting have saved my run?" (see `vmm-replay advise --help`).
 #[derive(Parser, Debug)]
 #[command(version)]
 pub struct Args {
@@ -51,6 +54,13 @@ pub struct Args {
         default_value = "classic,pytorch-expandable,expandable"
     )]
     pub allocators: Vec<String>,
+    /// Settings for one allocator, ALLOCATOR=SETTINGS (repeatable; the same allocator twice runs
+    /// it once with each): PYTORCH_CUDA_ALLOC_CONF's grammar and keys for all three (e.g.
+    /// classic=max_split_size_mb:128,garbage_collection_threshold:0.6, or
+    /// expandable=large_segment_size_mb:64), applied on top of the trace's recorded settings.
+    /// An allocator named here and not in --allocators is added.
+    #[arg(long, value_name = "ALLOCATOR=SETTINGS")]
+    pub conf: Vec<String>,
     /// Do not replay the traced program's empty_cache() calls.
     #[arg(long)]
     pub no_empty_cache: bool,
@@ -71,8 +81,11 @@ pub struct Args {
     /// of --allocators).
     #[arg(long, value_name = "NAME")]
     pub dump_allocator: Option<String>,
-    /// Write the trace read (exactly one) in vmm-alloc's compact format to this file, then
-    /// replay it as usual.
+    /// Of a snapshot that recorded several devices, read only this one (its index).
+    #[arg(long)]
+    pub device: Option<usize>,
+    /// Write the trace read (exactly one; --device picks one of a multi-device snapshot) in
+    /// vmm-alloc's compact format to this file, then replay it as usual.
     #[arg(long, value_name = "FILE")]
     pub write_trace: Option<PathBuf>,
 }

@@ -61,6 +61,13 @@ pub fn run(files: &[PathBuf], capacity: usize) -> Result<(String, bool), String>
             c.describe()
         ));
     }
+    if checks.is_empty() {
+        let why: Vec<String> = notes;
+        return Err(format!(
+            "nothing to check: no trace recorded the classic allocator's alloc/free history ({})",
+            why.join("; ")
+        ));
+    }
     let exact = checks.iter().filter(|c| c.is_exact()).count();
     out.push_str(&format!(
         "\n{exact} of {} traces reproduced exactly (every cudaMalloc size for the same allocation, in order, and the peak reserved)\n",

@@ -2,8 +2,10 @@
 //! real programs (PyTorch memory snapshots, RMM logs, our own format) or built-in workloads
 //! against each allocator on the Sim backend, and reports how much memory each needed.
 
+mod advise;
 mod args;
 mod check;
+mod html;
 mod load;
 mod plot;
 mod report;
@@ -26,8 +28,16 @@ use report::{AllocatorReport, TraceReport};
 const CAPACITY_STEP: usize = 2 << 20;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args) {
+    let result = if std::env::args_os().nth(1).is_some_and(|a| a == "advise") {
+        let name = std::ffi::OsString::from("vmm-replay advise");
+        let args = advise::AdviseArgs::parse_from(
+            std::iter::once(name).chain(std::env::args_os().skip(2)),
+        );
+        advise::run(&args)
+    } else {
+        run(&Args::parse())
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
             eprintln!("vmm-replay: {message}");
@@ -47,7 +57,8 @@ fn run(args: &Args) -> Result<(), String> {
             Err("the classic allocator diverged from the recorded one (see the table)".into())
         };
     }
-    let policies = policies(&args.allocators)?;
+    let configs = configurations(&args.allocators, &args.conf)?;
+    let policies: Vec<Policy> = configs.iter().map(|c| c.0).collect();
     let dumped = dumped_policy(args, &policies)?;
     let capacity = usize::try_from(args.capacity)
         .map_err(|_| "--capacity does not fit this machine's address size".to_string())?;
@@ -62,12 +73,14 @@ fn run(args: &Args) -> Result<(), String> {
         ..ReplayOptions::default()
     };
     let several = traces.len() > 1;
-    let total: u64 = traces.iter().map(events).sum::<u64>() * policies.len() as u64;
+    let total: u64 = traces.iter().map(events).sum::<u64>() * configs.len() as u64;
     let bar = progress(total);
     let mut reports = Vec::new();
     for trace in traces {
         let mut outcomes = Vec::new();
-        for &policy in &policies {
+        let mut dumped_once = false;
+        for (policy, settings) in &configs {
+            let policy = *policy;
             bar.set_message(format!("{} / {}", trace.name, policy.name()));
             let failed = |e: &dyn std::fmt::Display| {
                 format!(
@@ -76,8 +89,11 @@ fn run(args: &Args) -> Result<(), String> {
                     policy.name()
                 )
             };
+            let record_history = dumped == Some(policy) && !dumped_once;
+            dumped_once |= record_history;
             let opts = ReplayOptions {
-                record_history: dumped == Some(policy),
+                record_history,
+                settings: settings.clone(),
                 ..opts.clone()
             };
             let base = bar.position();
@@ -130,8 +146,38 @@ fn events(t: &Trace) -> u64 {
     (t.initial.len() + t.events.len()) as u64
 }
 
-fn policies(names: &[String]) -> Result<Vec<Policy>, String> {
-    names.iter().map(|n| policy(n)).collect()
+/// The runs to make: each allocator of `--allocators` with each of its `--conf` settings (once
+/// with the trace's own settings when it has none), then the allocators only `--conf` names.
+fn configurations(
+    names: &[String],
+    confs: &[String],
+) -> Result<Vec<(Policy, Option<String>)>, String> {
+    let mut given: Vec<(Policy, String)> = Vec::new();
+    for c in confs {
+        let Some((name, settings)) = c.split_once('=') else {
+            return Err(format!(
+                "--conf {c:?}: expected ALLOCATOR=SETTINGS, e.g. classic=max_split_size_mb:128"
+            ));
+        };
+        let p = policy(name)?;
+        vmm_replay::conf::effective(p, None, Some(settings)).map_err(|e| format!("--conf {e}"))?;
+        given.push((p, settings.trim().to_string()));
+    }
+    let mut out = Vec::new();
+    let mut listed: Vec<Policy> = names.iter().map(|n| policy(n)).collect::<Result<_, _>>()?;
+    for (p, _) in &given {
+        if !listed.contains(p) {
+            listed.push(*p);
+        }
+    }
+    for p in listed {
+        let mine: Vec<_> = given.iter().filter(|(q, _)| *q == p).collect();
+        if mine.is_empty() {
+            out.push((p, None));
+        }
+        out.extend(mine.into_iter().map(|(_, s)| (p, Some(s.clone()))));
+    }
+    Ok(out)
 }
 
 fn policy(name: &str) -> Result<Policy, String> {
@@ -192,7 +238,17 @@ fn with_trace_name(path: &Path, name: &str, several: bool) -> std::path::PathBuf
 fn read_traces(args: &Args) -> Result<Vec<Trace>, String> {
     let mut traces = Vec::new();
     for f in &args.files {
-        traces.extend(load::load(f).map_err(|e| e.to_string())?);
+        let mut read = load::load(f).map_err(|e| e.to_string())?;
+        if let (Some(d), n) = (args.device, read.len()) {
+            if d >= n {
+                return Err(format!(
+                    "--device {d}: {} has {n} device trace(s)",
+                    f.display()
+                ));
+            }
+            read = vec![read.swap_remove(d)];
+        }
+        traces.extend(read);
     }
     for name in &args.workload {
         let trace = workloads::by_name(name, args.seed, args.ops, args.max_size);
@@ -211,7 +267,7 @@ fn read_traces(args: &Args) -> Result<Vec<Trace>, String> {
     if let Some(out) = &args.write_trace {
         let [single] = traces.as_slice() else {
             return Err(format!(
-                "--write-trace takes exactly one trace, {} were read",
+                "--write-trace takes exactly one trace, {} were read (--device N picks one device of a snapshot)",
                 traces.len()
             ));
         };

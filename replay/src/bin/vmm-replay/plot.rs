@@ -93,7 +93,7 @@ fn svg(title: &str, outcomes: &[&ReplayOutcome]) -> Result<String, String> {
             chart
                 .draw_series(LineSeries::new(reserved, color.stroke_width(2)))
                 .map_err(|x| e(&x))?
-                .label(format!("reserved: {}", o.allocator))
+                .label(format!("reserved: {}", crate::report::label(o)))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         }
         chart

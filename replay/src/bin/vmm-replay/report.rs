@@ -3,6 +3,7 @@
 use serde_json::{json, Map, Value};
 use vmm_alloc::backend::CallKind;
 use vmm_alloc::units::human_bytes;
+use vmm_replay::diagnosis::OomMoment;
 use vmm_replay::replay::ReplayOutcome;
 use vmm_replay::Trace;
 
@@ -59,7 +60,7 @@ pub fn table(reports: &[TraceReport]) -> String {
                 r.trace.name,
                 start(&r.trace),
                 o.events,
-                o.allocator,
+                label(o),
                 human_bytes(o.peak_live_bytes),
                 human_bytes(o.peak_reserved_bytes),
                 o.utilization,
@@ -72,7 +73,10 @@ pub fn table(reports: &[TraceReport]) -> String {
             ));
             match &a.at_min {
                 None => {}
-                Some(None) => out.push_str(" over capacity | - | - | - |"),
+                Some(None) => out.push_str(&format!(
+                    " over {} (raise --capacity) | - | - | - |",
+                    human_bytes(o.capacity_bytes.max(o.peak_reserved_bytes))
+                )),
                 Some(Some((c, at))) => out.push_str(&format!(
                     " {} | {} | {} | {} |",
                     human_bytes(*c as u64),
@@ -88,6 +92,57 @@ pub fn table(reports: &[TraceReport]) -> String {
         out.push('\n');
         out.push_str(&summary(reports));
     }
+    out.push_str(&ooms(reports));
+    out
+}
+
+/// The allocator and the settings it ran with: `classic (max_split_size_mb:128)`.
+pub fn label(o: &ReplayOutcome) -> String {
+    if o.settings.is_empty() {
+        o.allocator.to_string()
+    } else {
+        format!("{} ({})", o.allocator, o.settings)
+    }
+}
+
+/// The OOM moments, explained, per trace and allocator.
+fn ooms(reports: &[TraceReport]) -> String {
+    let mut out = String::new();
+    for r in reports {
+        for a in &r.outcomes {
+            let o = &a.outcome;
+            if o.oom_moments.is_empty() {
+                continue;
+            }
+            out.push_str(&format!(
+                "\nOOM diagnosis, {} / {} on {}:\n",
+                r.trace.name,
+                label(o),
+                human_bytes(o.capacity_bytes)
+            ));
+            if o.recorded_ooms > 0 {
+                out.push_str(&format!(
+                    "  the trace records {} failed request(s); this allocator served {}\n",
+                    o.recorded_ooms, o.recorded_ooms_served
+                ));
+            }
+            // Every recorded moment, and the first replayed one (the rest are in --json).
+            let mut shown = 0u64;
+            for m in &o.oom_moments {
+                if m.recorded || shown == 0 {
+                    out.push_str(&m.describe());
+                    shown += u64::from(!m.recorded);
+                }
+            }
+            let replayed = o.ooms - (o.recorded_ooms - o.recorded_ooms_served);
+            if replayed > shown {
+                out.push_str(&format!(
+                    "  ... and {} more OOMs in this replay (--json explains the first few)\n",
+                    replayed - shown
+                ));
+            }
+        }
+    }
     out
 }
 
@@ -99,15 +154,15 @@ fn syncs(o: &ReplayOutcome) -> u64 {
 /// One line per allocator: sums over every trace.
 fn summary(reports: &[TraceReport]) -> String {
     let mut out = String::new();
-    let names: Vec<&str> = reports
+    let names: Vec<String> = reports
         .first()
-        .map(|r| r.outcomes.iter().map(|a| a.outcome.allocator).collect())
+        .map(|r| r.outcomes.iter().map(|a| label(&a.outcome)).collect())
         .unwrap_or_default();
     for name in names {
         let runs = reports
             .iter()
             .flat_map(|r| &r.outcomes)
-            .filter(|a| a.outcome.allocator == name);
+            .filter(|a| label(&a.outcome) == name);
         let (mut live, mut reserved, mut created, mut ooms, mut calls) = (0, 0, 0, 0, 0);
         let (mut events, mut seconds) = (0, 0.0);
         let (mut min_sum, mut min_known) = (0u64, 0usize);
@@ -139,7 +194,7 @@ fn summary(reports: &[TraceReport]) -> String {
             0.0
         };
         out.push_str(&format!(
-            "{name}: {} traces, peak reserved {} for peak live {} (utilization {utilization:.3}), {calls} driver calls, {} created, {ooms} OOMs, {events} events at {rate:.2} Mevents/s",
+            "{name}: {} traces, per-trace peaks summed (not one device's peak): reserved {} for live {} (utilization {utilization:.3}), {calls} driver calls, {} created, {ooms} OOMs, {events} events at {rate:.2} Mevents/s",
             reports.len(),
             human_bytes(reserved),
             human_bytes(live),
@@ -160,17 +215,47 @@ fn summary(reports: &[TraceReport]) -> String {
 fn outcome_json(o: &ReplayOutcome) -> Value {
     json!({
         "allocator": o.allocator,
+        "settings": o.settings,
         "capacity_bytes": o.capacity_bytes,
         "peak_live_bytes": o.peak_live_bytes,
         "peak_reserved_bytes": o.peak_reserved_bytes,
         "utilization": o.utilization,
         "ooms": o.ooms,
+        "recorded_ooms": o.recorded_ooms,
+        "recorded_ooms_served": o.recorded_ooms_served,
+        "alloc_retries": o.alloc_retries,
+        "oom_moments": o.oom_moments.iter().map(moment_json).collect::<Vec<_>>(),
         "driver_calls": o.driver_calls,
         "driver_calls_by_kind": by_kind(o),
         "bytes_created": o.bytes_created,
         "events": o.events,
         "seconds": o.seconds,
         "events_per_second": o.events_per_second,
+    })
+}
+
+/// One OOM moment, every figure of its description.
+pub fn moment_json(m: &OomMoment) -> Value {
+    json!({
+        "event": m.event,
+        "request_bytes": m.request,
+        "stream": m.stream,
+        "recorded": m.recorded,
+        "served": m.served,
+        "live_bytes": m.live_bytes,
+        "reserved_bytes": m.reserved_bytes,
+        "reserved_unallocated_bytes": m.reserved_unallocated_bytes,
+        "largest_free_bytes": m.largest_free_bytes,
+        "largest_free_on_stream_bytes": m.largest_free_on_stream_bytes,
+        "needed_live_bytes": m.needed_live_bytes(),
+        "impossible": m.impossible(),
+        "capacity_bytes": m.capacity_bytes,
+        "free_by_size": m.free_by_size.iter().map(|c| json!({
+            "min_bytes": c.min_bytes, "below_bytes": c.below_bytes, "count": c.count, "bytes": c.bytes,
+        })).collect::<Vec<_>>(),
+        "free_by_stream": m.free_by_stream.iter().map(|s| json!({
+            "stream": s.stream, "count": s.count, "bytes": s.bytes, "largest_bytes": s.largest,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -199,6 +284,12 @@ pub fn json(reports: &[TraceReport]) -> Value {
                     if let Some(min) = &a.at_min {
                         v["min_capacity_bytes"] =
                             min.as_ref().map_or(Value::Null, |(c, _)| json!(c));
+                        if min.is_none() {
+                            v["min_capacity_note"] = json!(format!(
+                                "does not fit in {}: the bisection searches up to the larger of --capacity and this run's peak reserved; raise --capacity",
+                                human_bytes(a.outcome.capacity_bytes.max(a.outcome.peak_reserved_bytes))
+                            ));
+                        }
                         v["at_min_capacity"] =
                             min.as_ref().map_or(Value::Null, |(_, at)| outcome_json(at));
                     }

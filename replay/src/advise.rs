@@ -1,0 +1,313 @@
+//! "Would a setting have saved my run?": replays one trace under the `PYTORCH_CUDA_ALLOC_CONF`
+//! settings that matter (and under ours), on all cores, and recommends the smallest change that
+//! fits the user's device.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use crate::conf::{merge, settings};
+use crate::replay::{min_capacity, replay, Policy, ReplayOptions, ReplayOutcome};
+use crate::{Event, Trace};
+use vmm_alloc::error::AllocError;
+use vmm_alloc::units::human_bytes;
+
+/// The granularity of the minimum-capacity bisection (the Sim backend's page).
+pub const CAPACITY_STEP: usize = 2 << 20;
+
+/// Common GPU memory sizes, GiB: the default capacity is the smallest that held the recording.
+pub const GPU_SIZES_GIB: [u64; 12] = [4, 6, 8, 12, 16, 24, 32, 40, 48, 80, 141, 192];
+
+/// One configuration of the sweep: an allocator and a settings change (`None`: as recorded).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Candidate {
+    /// The allocator.
+    pub policy: Policy,
+    /// The `PYTORCH_CUDA_ALLOC_CONF` change on top of the recorded settings.
+    pub change: Option<String>,
+}
+
+impl Candidate {
+    /// `classic max_split_size_mb:128`, `expandable_segments:True`, `vmm-alloc`, ...
+    pub fn name(&self) -> String {
+        let who = match self.policy {
+            Policy::Classic => "classic",
+            Policy::PytorchExpandable => "expandable_segments:True",
+            Policy::Expandable => "vmm-alloc (ours)",
+        };
+        match &self.change {
+            Some(c) => format!("{who} {c}"),
+            None if self.policy == Policy::Classic => "classic (as recorded)".into(),
+            None => who.into(),
+        }
+    }
+
+    /// How many settings it changes (what "smallest change" counts).
+    pub fn keys_changed(&self) -> usize {
+        self.change.as_deref().map_or(0, |c| settings(c).len())
+            + usize::from(self.policy == Policy::PytorchExpandable)
+    }
+}
+
+/// The sweep: classic as recorded, under several `max_split_size_mb` values, power-of-two
+/// rounding, both together, `max_split_size_mb` with `garbage_collection_threshold` (PyTorch's
+/// documented recipe; the collector only acts under a memory fraction below 1, so alone it
+/// changes nothing), PyTorch's expandable segments, and ours.
+pub fn candidates() -> Vec<Candidate> {
+    let classic = |c: &str| Candidate {
+        policy: Policy::Classic,
+        change: (!c.is_empty()).then(|| c.to_string()),
+    };
+    let mut out = vec![classic("")];
+    for mb in [64, 128, 256, 512] {
+        out.push(classic(&format!("max_split_size_mb:{mb}")));
+    }
+    for d in [2, 4, 8] {
+        out.push(classic(&format!("roundup_power2_divisions:{d}")));
+    }
+    for mb in [128, 512] {
+        out.push(classic(&format!(
+            "max_split_size_mb:{mb},roundup_power2_divisions:4"
+        )));
+        out.push(classic(&format!(
+            "max_split_size_mb:{mb},garbage_collection_threshold:0.8"
+        )));
+    }
+    for policy in [Policy::PytorchExpandable, Policy::Expandable] {
+        out.push(Candidate {
+            policy,
+            change: None,
+        });
+    }
+    out
+}
+
+/// One configuration's figures.
+#[derive(Clone, Debug)]
+pub struct Verdict {
+    /// What ran.
+    pub candidate: Candidate,
+    /// The run at the capacity asked for.
+    pub at_capacity: ReplayOutcome,
+    /// The smallest capacity without an OOM (`None`: not even the unconstrained run's peak).
+    pub min_capacity: Option<u64>,
+}
+
+impl Verdict {
+    /// It replays the trace in the capacity without an OOM.
+    pub fn fits(&self) -> bool {
+        self.at_capacity.ooms == 0
+    }
+}
+
+/// Replays `trace` through `candidate` at `capacity`, and finds its minimum capacity.
+pub fn evaluate(
+    trace: &Trace,
+    candidate: &Candidate,
+    capacity: usize,
+) -> Result<Verdict, AllocError> {
+    let opts = ReplayOptions {
+        capacity,
+        settings: candidate.change.clone(),
+        timeline_points: 400,
+        ..ReplayOptions::default()
+    };
+    let at_capacity = replay(trace, candidate.policy, &opts)?;
+    // The bisection's upper end: the run's own peak when it fits, else an unconstrained run's.
+    let upper = if at_capacity.ooms == 0 {
+        at_capacity.peak_reserved_bytes as usize
+    } else {
+        let roomy = ReplayOptions {
+            capacity: capacity.saturating_mul(4).max(1 << 40),
+            timeline_points: 1,
+            diagnose: false,
+            ..opts.clone()
+        };
+        replay(trace, candidate.policy, &roomy)?.peak_reserved_bytes as usize
+    };
+    let min = min_capacity(
+        trace,
+        candidate.policy,
+        &ReplayOptions {
+            diagnose: false,
+            ..opts.clone()
+        },
+        upper.max(CAPACITY_STEP),
+        CAPACITY_STEP,
+    )?;
+    Ok(Verdict {
+        candidate: candidate.clone(),
+        at_capacity,
+        min_capacity: min.map(|(c, _)| c as u64),
+    })
+}
+
+/// Evaluates every candidate on `threads` threads (results in the candidates' order, whatever
+/// the scheduling), calling `done` after each. One trace is shared; each run holds only its own
+/// allocator and a bounded timeline, so memory grows with the trace, not with the sweep.
+pub fn sweep(
+    trace: &Trace,
+    candidates: &[Candidate],
+    capacity: usize,
+    threads: usize,
+    done: &(dyn Fn() + Sync),
+) -> Result<Vec<Verdict>, String> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<Verdict, AllocError>>>> =
+        Mutex::new(vec![None; candidates.len()].into_iter().collect());
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, candidates.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(c) = candidates.get(i) else { break };
+                let r = evaluate(trace, c, capacity);
+                if let Ok(mut all) = results.lock() {
+                    all[i] = Some(r);
+                }
+                done();
+            });
+        }
+    });
+    let all = results
+        .into_inner()
+        .map_err(|_| "a sweep thread panicked".to_string())?;
+    all.into_iter()
+        .zip(candidates)
+        .map(|(r, c)| match r {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => Err(format!("{}: {e}", c.name())),
+            None => Err(format!("{}: not run", c.name())),
+        })
+        .collect()
+}
+
+/// The capacity `advise` assumes without `--capacity`: the smallest common GPU that held what
+/// the traced program reserved (or, without a record, its peak live memory); and the sentence
+/// that says so.
+pub fn default_capacity(trace: &Trace) -> (u64, String) {
+    let (need, what) = match trace.recorded {
+        Some(r) if r.peak_reserved_bytes > 0 => (r.peak_reserved_bytes, "reserved at its peak"),
+        _ => (
+            trace.peak_live_bytes(),
+            "live at its peak (no record of reserved memory)",
+        ),
+    };
+    let gib = GPU_SIZES_GIB
+        .into_iter()
+        .find(|&g| g << 30 >= need)
+        .unwrap_or(need.div_ceil(1 << 30));
+    (
+        gib << 30,
+        format!(
+            "capacity {gib} GiB: the smallest common GPU that holds the {} the traced program {what}; pass --capacity for yours",
+            human_bytes(need)
+        ),
+    )
+}
+
+/// The moment the trace needed the most live memory: its event index, the bytes, and the
+/// largest allocations live then (event index and size, largest first, at most `top`).
+pub fn peak_live_moment(trace: &Trace, top: usize) -> (u64, u64, Vec<(u64, u64)>) {
+    let mut live: std::collections::HashMap<u64, (u64, u64)> =
+        trace.initial.iter().map(|b| (b.id, (0, b.size))).collect();
+    let mut bytes: u64 = live.values().map(|v| v.1).sum();
+    let (mut peak, mut at) = (bytes, 0u64);
+    let largest = |live: &std::collections::HashMap<u64, (u64, u64)>| {
+        let mut v: Vec<(u64, u64)> = live.values().copied().collect();
+        v.sort_by_key(|&(e, s)| (std::cmp::Reverse(s), e));
+        v.truncate(top);
+        v
+    };
+    let mut held = largest(&live);
+    let base = trace.initial.len() as u64;
+    for (i, e) in trace.events.iter().enumerate() {
+        let index = base + i as u64;
+        match *e {
+            Event::Alloc { id, size, .. } => {
+                live.insert(id, (index, size));
+                bytes += size;
+            }
+            Event::Free { id } => bytes -= live.remove(&id).map_or(0, |v| v.1),
+            Event::EmptyCache => {}
+            Event::FailedAlloc { size, .. } => {
+                if bytes + size > peak {
+                    peak = bytes + size;
+                    at = index;
+                    held = largest(&live);
+                    held.insert(0, (index, size));
+                    held.truncate(top);
+                }
+                continue;
+            }
+        }
+        if bytes > peak {
+            peak = bytes;
+            at = index;
+            held = largest(&live);
+        }
+    }
+    (at, peak, held)
+}
+
+/// The advice: one verdict line and what to paste.
+pub fn recommend(trace: &Trace, capacity: u64, verdicts: &[Verdict]) -> String {
+    let recorded = trace.alloc_conf.as_deref().filter(|c| !c.is_empty());
+    let env = |c: &Candidate| {
+        let mut change = c.change.clone().unwrap_or_default();
+        if c.policy == Policy::PytorchExpandable {
+            change = merge(Some(&change), "expandable_segments:True");
+        }
+        format!("PYTORCH_CUDA_ALLOC_CONF={}", merge(recorded, &change))
+    };
+    let cap = human_bytes(capacity);
+    let pytorch_fit = verdicts
+        .iter()
+        .filter(|v| v.candidate.policy != Policy::Expandable && v.fits())
+        .min_by_key(|v| {
+            (
+                v.candidate.keys_changed(),
+                v.min_capacity.unwrap_or(u64::MAX),
+            )
+        });
+    if let Some(v) = pytorch_fit {
+        if v.candidate.keys_changed() == 0 {
+            return format!(
+                "your current settings fit in {cap} (peak reserved {}): no change needed",
+                human_bytes(v.at_capacity.peak_reserved_bytes)
+            );
+        }
+        return format!(
+            "the smallest change that fits in {cap} ({}, peak reserved {}):\n\n    export {}\n",
+            v.candidate.name(),
+            human_bytes(v.at_capacity.peak_reserved_bytes),
+            env(&v.candidate)
+        );
+    }
+    if let Some(v) = verdicts
+        .iter()
+        .find(|v| v.candidate.policy == Policy::Expandable && v.fits())
+    {
+        return format!(
+            "no PYTORCH_CUDA_ALLOC_CONF setting fits in {cap}; vmm-alloc does (peak reserved {}): switch to it, before the first CUDA allocation:\n\n    import vmm_alloc\n    vmm_alloc.install()\n",
+            human_bytes(v.at_capacity.peak_reserved_bytes)
+        );
+    }
+    let (at, live, held) = peak_live_moment(trace, 5);
+    let list: Vec<String> = held
+        .iter()
+        .map(|&(e, s)| format!("{} (event {e})", human_bytes(s)))
+        .collect();
+    format!(
+        "no setting fits in {cap}: you need {} of live memory at event {at} (the largest allocations then: {}); the closest, {}, needs {}",
+        human_bytes(live),
+        list.join(", "),
+        verdicts
+            .iter()
+            .min_by_key(|v| v.min_capacity.unwrap_or(u64::MAX))
+            .map_or("none".into(), |v| v.candidate.name()),
+        verdicts
+            .iter()
+            .filter_map(|v| v.min_capacity)
+            .min()
+            .map_or("more than was tried".into(), human_bytes)
+    )
+}

@@ -1,0 +1,93 @@
+//! Settings per allocator: a user's `PYTORCH_CUDA_ALLOC_CONF` change applied on top of the traced
+//! program's recorded one, validated, and shown in every output.
+
+use crate::replay::Policy;
+use vmm_alloc::config::{parse_alloc_conf, AllocConf, ExpandableConfig};
+
+/// An allocator's configuration for one replay, and the settings string that made it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Setup {
+    /// The classic allocator's settings.
+    Classic(AllocConf),
+    /// An expandable policy's configuration.
+    Expandable(ExpandableConfig),
+}
+
+/// The `key:value` settings of a configuration string, split at the commas outside `[...]`
+/// (`roundup_power2_divisions` takes a bracketed list), whitespace dropped, empty ones skipped.
+pub fn settings(conf: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut item = String::new();
+    let mut depth = 0usize;
+    for c in conf.chars().filter(|c| !c.is_whitespace()) {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                out.extend((!item.is_empty()).then(|| std::mem::take(&mut item)));
+                continue;
+            }
+            _ => {}
+        }
+        item.push(c);
+    }
+    out.extend((!item.is_empty()).then_some(item));
+    out
+}
+
+fn key(setting: &str) -> &str {
+    setting.split(':').next().unwrap_or(setting)
+}
+
+/// `base` with the settings of `change` applied: a key `change` sets replaces the same key of
+/// `base`, in place; new keys are appended in `change`'s order.
+///
+/// ```
+/// use vmm_replay::conf::merge;
+/// assert_eq!(merge(Some("max_split_size_mb:128,expandable_segments:False"), "max_split_size_mb:256"),
+///            "max_split_size_mb:256,expandable_segments:False");
+/// assert_eq!(merge(None, "roundup_power2_divisions:[256:4,>:1]"), "roundup_power2_divisions:[256:4,>:1]");
+/// ```
+pub fn merge(base: Option<&str>, change: &str) -> String {
+    let change = settings(change);
+    let mut out: Vec<String> = settings(base.unwrap_or(""));
+    for c in change {
+        match out.iter_mut().find(|s| key(s) == key(&c)) {
+            Some(s) => *s = c,
+            None => out.push(c),
+        }
+    }
+    out.join(",")
+}
+
+/// The settings `policy` replays with: the trace's recorded string (when given and it parses,
+/// as PyTorch would have applied it), with the user's `change` on top. The user's part is
+/// validated with PyTorch's rules: a bad key or value is an error that names it.
+pub fn effective(
+    policy: Policy,
+    trace_conf: Option<&str>,
+    change: Option<&str>,
+) -> Result<(String, Setup), String> {
+    let base = trace_conf.filter(|c| parse_alloc_conf(c).is_ok());
+    if let Some(change) = change {
+        parse_alloc_conf(change).map_err(|e| {
+            format!(
+                "{}={change}: {e}; see PYTORCH_CUDA_ALLOC_CONF in PyTorch's CUDA semantics notes",
+                policy.name()
+            )
+        })?;
+    }
+    let text = match change {
+        Some(c) => merge(base, c),
+        None => base.unwrap_or("").to_string(),
+    };
+    let setup = match policy.config(None) {
+        None => Setup::Classic(parse_alloc_conf(&text).map_err(|e| format!("{text}: {e}"))?),
+        Some(base_config) => Setup::Expandable(
+            base_config
+                .with_alloc_conf(&text)
+                .map_err(|e| format!("{}={text}: {e}", policy.name()))?,
+        ),
+    };
+    Ok((text, setup))
+}

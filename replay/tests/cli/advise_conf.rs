@@ -1,0 +1,212 @@
+//! `--conf`, recorded OOMs and their diagnosis, and `vmm-replay advise`.
+
+use super::*;
+use vmm_replay::native::write_native;
+use vmm_replay::{Event, StartState, Trace};
+
+/// Classic's fragmentation: 100 MiB cached, a 30 MiB request splits it, the next 100 MiB needs
+/// a second segment (200 MiB reserved for 130 MiB live). `max_split_size_mb:64` keeps the
+/// 100 MiB block whole for the second request.
+fn split_log() -> Vec<u8> {
+    rmm_csv(&[
+        ("allocate", 0x1000_0000, 100 * MIB, 0),
+        ("free", 0x1000_0000, 100 * MIB, 0),
+        ("allocate", 0x2000_0000, 30 * MIB, 0),
+        ("allocate", 0x3000_0000, 100 * MIB, 0),
+    ])
+}
+
+#[test]
+fn conf_applies_settings_per_allocator_and_shows_them() {
+    let path = file("conf", "split.csv", &split_log());
+    let report = replay_json(&[
+        path.to_str().unwrap(),
+        "--allocators",
+        "classic",
+        "--conf",
+        "classic=max_split_size_mb:64",
+    ]);
+    let runs = report["traces"][0]["allocators"].as_array().unwrap();
+    assert_eq!(
+        runs.len(),
+        1,
+        "one classic run, with the settings: {report}"
+    );
+    assert_eq!(runs[0]["settings"], "max_split_size_mb:64");
+    assert_eq!(runs[0]["peak_reserved_bytes"], 130 * MIB);
+    // Given twice, the allocator runs once with each; the table shows both.
+    let o = vmm_replay(&[
+        path.to_str().unwrap(),
+        "--conf",
+        "classic=max_split_size_mb:64",
+        "--conf",
+        "classic=roundup_power2_divisions:4",
+        "--allocators",
+        "classic",
+    ]);
+    let out = stdout(&o);
+    assert!(out.contains("classic (max_split_size_mb:64)"), "{out}");
+    assert!(
+        out.contains("classic (roundup_power2_divisions:4)"),
+        "{out}"
+    );
+    let plain = replay_json(&[path.to_str().unwrap(), "--allocators", "classic"]);
+    assert_eq!(
+        allocator(&plain, 0, "classic")["peak_reserved_bytes"],
+        200 * MIB
+    );
+}
+
+#[test]
+fn a_bad_conf_names_the_key_or_value() {
+    let path = file("badconf", "split.csv", &split_log());
+    for (conf, named) in [
+        ("classic=max_split_sise_mb:64", "max_split_sise_mb"),
+        ("expandable=max_split_size_mb:abc", "abc"),
+        ("nosuch=max_split_size_mb:64", "nosuch"),
+        ("classic", "ALLOCATOR=SETTINGS"),
+    ] {
+        let o = vmm_replay(&[path.to_str().unwrap(), "--conf", conf]);
+        assert_eq!(o.status.code(), Some(1), "{conf}");
+        assert!(stderr(&o).contains(named), "{conf}: {}", stderr(&o));
+    }
+}
+
+/// 40 MiB live, then the program's request of 50 MiB failed (a recorded `oom` entry).
+fn failed_run() -> Vec<u8> {
+    let t = Trace {
+        name: "failed".into(),
+        initial: vec![],
+        events: vec![
+            Event::Alloc {
+                id: 0,
+                size: 40 * MIB,
+                stream: 7,
+            },
+            Event::FailedAlloc {
+                size: 50 * MIB,
+                stream: 7,
+            },
+        ],
+        start: StartState::Empty,
+        skipped_frees: 0,
+        recorded: None,
+        alloc_conf: None,
+    };
+    write_native(&t)
+}
+
+#[test]
+fn a_recorded_oom_is_replayed_and_explained() {
+    let path = file("oom", "failed.vmmtrace", &failed_run());
+    // On a roomy device every allocator serves the failed request.
+    let roomy = replay_json(&[path.to_str().unwrap()]);
+    for name in ["classic", "pytorch-expandable", "expandable"] {
+        let a = allocator(&roomy, 0, name);
+        assert_eq!(
+            (
+                a["recorded_ooms"].as_u64(),
+                a["recorded_ooms_served"].as_u64()
+            ),
+            (Some(1), Some(1)),
+            "{a}"
+        );
+        assert_eq!(a["ooms"], 0);
+        assert_eq!(a["peak_live_bytes"], 90 * MIB);
+    }
+    // On 80 MiB none can: 90 MiB must be live at once.
+    let small = replay_json(&[path.to_str().unwrap(), "--capacity", "80MiB"]);
+    for name in ["classic", "pytorch-expandable", "expandable"] {
+        let a = allocator(&small, 0, name);
+        assert_eq!(a["ooms"], 1, "{a}");
+        let m = &a["oom_moments"][0];
+        assert_eq!(m["recorded"], true);
+        assert_eq!(m["served"], false);
+        assert_eq!(m["request_bytes"], 50 * MIB);
+        assert_eq!(m["live_bytes"], 40 * MIB);
+        assert_eq!(m["stream"], 7);
+        assert_eq!(m["impossible"], true);
+        assert_eq!(m["needed_live_bytes"], 90 * MIB);
+    }
+    let text = stdout(&vmm_replay(&[
+        path.to_str().unwrap(),
+        "--capacity",
+        "80MiB",
+    ]));
+    assert!(
+        text.contains(
+            "no allocator could have served this: the request needs 90.00 MiB of live memory"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_replayed_oom_shows_the_fragmentation() {
+    let path = file("frag", "split.csv", &split_log());
+    let r = replay_json(&[
+        path.to_str().unwrap(),
+        "--allocators",
+        "classic",
+        "--capacity",
+        "140MiB",
+    ]);
+    let a = allocator(&r, 0, "classic");
+    assert_eq!(a["ooms"], 1);
+    let m = &a["oom_moments"][0];
+    // 30 MiB live, the rest of the split 100 MiB segment free but too small for 100 MiB.
+    assert_eq!(m["impossible"], false);
+    assert_eq!(m["live_bytes"], 30 * MIB);
+    assert_eq!(m["reserved_unallocated_bytes"], 70 * MIB);
+    assert_eq!(m["largest_free_bytes"], 70 * MIB);
+    assert_eq!(m["free_by_stream"][0]["bytes"], 70 * MIB);
+}
+
+#[test]
+fn advise_recommends_the_smallest_change_that_fits() {
+    let path = file("advise", "split.csv", &split_log());
+    let o = vmm_replay(&["advise", path.to_str().unwrap(), "--capacity", "140MiB"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("| classic (as recorded) | no |"), "{out}");
+    assert!(
+        out.contains("export PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:"),
+        "{out}"
+    );
+    // The same answer on one thread as on all (deterministic output).
+    let one = vmm_replay(&[
+        "advise",
+        path.to_str().unwrap(),
+        "--capacity",
+        "140MiB",
+        "--threads",
+        "1",
+    ]);
+    assert_eq!(stdout(&one), out);
+}
+
+#[test]
+fn advise_says_when_no_setting_can_fit() {
+    let path = file("advise-none", "split.csv", &split_log());
+    let o = vmm_replay(&[
+        "advise",
+        path.to_str().unwrap(),
+        "--capacity",
+        "100MiB",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let advice = v["recommendation"].as_str().unwrap();
+    assert!(
+        advice.starts_with(
+            "no setting fits in 100.00 MiB: you need 130.00 MiB of live memory at event 3"
+        ),
+        "{advice}"
+    );
+    assert!(v["configurations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c["fits"] == false));
+}
