@@ -71,12 +71,21 @@ pub struct ExpandableConfig {
     /// workspaces, other processes): the allocator does not create new physical memory beyond
     /// `limit − max(headroom_bytes, headroom_fraction × device memory)` while it can remap
     /// fully-free pages it already holds (Note \[Headroom\] in `expandable/growth.rs`). Beyond
-    /// that it still creates (the headroom is a preference, never a cause of OOM). Default
-    /// 256 MiB. PyTorch: 0 (grows into the device's last free bytes).
+    /// that it still creates (the headroom is a preference, never a cause of OOM). Default 0
+    /// (the fraction below applies). PyTorch: 0 (grows into the device's last free bytes).
     pub headroom_bytes: usize,
     /// The headroom as a fraction of device memory (the larger of the two applies). Default
-    /// 0.02: 1.6 GiB of an 80 GiB device. PyTorch: 0.
+    /// 0.01: 0.8 GiB of an 80 GiB device. PyTorch: 0.
     pub headroom_fraction: f64,
+    /// Remap before creating, with or without pressure: a growth first unmaps fully-free pages
+    /// it already holds (synchronizing their stream if a block was freed on it since its last
+    /// synchronization) and maps their handles where it needs them, and creates new physical
+    /// memory only when none is left, so reserved memory tracks live memory plus partly used
+    /// pages (Note \[Free holes\] in `expandable/growth.rs`). It costs a stream
+    /// synchronization per growth that remaps after a free, where pages freed in the interior
+    /// of a segment would otherwise only wait for a request that fits them. Default off (no
+    /// synchronization without pressure). PyTorch: off.
+    pub remap_before_create: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -98,6 +107,7 @@ impl Default for ExpandableConfig {
             pressure_tail: true,
             headroom_bytes: 0,
             headroom_fraction: 0.01,
+            remap_before_create: false,
         }
     }
 }
@@ -118,6 +128,7 @@ impl ExpandableConfig {
             pressure_tail: false,
             headroom_bytes: 0,
             headroom_fraction: 0.0,
+            remap_before_create: false,
             ..Self::default()
         }
     }
