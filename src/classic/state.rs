@@ -49,6 +49,8 @@ pub(crate) struct State<B: Backend> {
     pub(crate) segment_log: Option<Vec<(u64, usize)>>,
     /// `mallocs` when the log started: logged ordinals count from there.
     pub(crate) segment_log_base: u64,
+    /// This allocator's id, stamped on every allocation.
+    pub(crate) owner: crate::allocator::AllocatorId,
 }
 
 /// `max_split_size` as PyTorch holds it: unlimited when unset.
@@ -81,6 +83,7 @@ impl<B: Backend> State<B> {
             mallocs: 0,
             segment_log: None,
             segment_log_base: 0,
+            owner: crate::allocator::AllocatorId::fresh(),
         })
     }
 
@@ -248,6 +251,7 @@ impl<B: Backend> State<B> {
             size: len,
             requested,
             stream,
+            owner: self.owner,
         }
     }
 

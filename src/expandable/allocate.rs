@@ -56,6 +56,7 @@ impl<B: Backend> State<B> {
             size: rounded,
             requested: size,
             stream,
+            owner: self.owner,
         })
     }
 

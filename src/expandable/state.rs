@@ -72,6 +72,8 @@ pub(crate) struct State<B: Backend> {
     /// release failed (tried again by the next `process_events`), new segments of rolled-back
     /// growths (tried again by `empty_cache`); all given back at teardown.
     pub(crate) deferred: Deferred,
+    /// This allocator's id, stamped on every allocation.
+    pub(crate) owner: crate::allocator::AllocatorId,
 }
 
 impl<B: Backend> State<B> {
@@ -113,6 +115,7 @@ impl<B: Backend> State<B> {
             recent_frees: RecentFrees::new(RECENT_FREES),
             unsynced_frees: Vec::new(),
             deferred: Deferred::default(),
+            owner: crate::allocator::AllocatorId::fresh(),
         })
     }
 

@@ -5,5 +5,6 @@ mod classic_model;
 mod expandable_behaviour;
 mod expandable_regressions;
 mod expandable_rollback;
+mod foreign_frees;
 mod model;
 mod pytorch_parity;
