@@ -8,3 +8,4 @@ mod expandable_rollback;
 mod foreign_frees;
 mod model;
 mod pytorch_parity;
+mod scaling_regressions;
