@@ -5,6 +5,7 @@ use std::sync::Once;
 
 use crate::backend::StreamId;
 use crate::error::AllocError;
+pub use crate::mechanism::owner::AllocatorId;
 use crate::snapshot::Snapshot;
 use crate::stats::MemoryStats;
 use crate::units::DevAddr;
@@ -22,6 +23,8 @@ pub struct Allocation {
     pub(crate) size: usize,
     pub(crate) requested: usize,
     pub(crate) stream: StreamId,
+    /// The allocator that made it: any other refuses it ([`AllocError::ForeignAllocation`]).
+    pub(crate) owner: AllocatorId,
 }
 
 impl Allocation {
@@ -40,6 +43,10 @@ impl Allocation {
     /// The stream it was allocated on: it may be reused on that stream as soon as it is freed.
     pub fn stream(&self) -> StreamId {
         self.stream
+    }
+    /// The allocator that made it: only that one takes it back.
+    pub fn allocator(&self) -> AllocatorId {
+        self.owner
     }
 
     /// Gives up the handle and returns the address: the caller now owns the memory and frees it
@@ -67,7 +74,7 @@ static LEAKED_BYTES: AtomicU64 = AtomicU64::new(0);
 
 /// Allocations dropped in this process without [`Allocator::deallocate`] or
 /// [`Allocation::into_ptr`]: their memory stays allocated until its allocator is dropped. Counted
-/// process-wide, because an `Allocation` does not know its allocator (it stays 4 words).
+/// process-wide: an `Allocation` knows its allocator's id, not the allocator.
 pub fn leaked_allocations() -> Leaks {
     Leaks {
         allocations: LEAKED_ALLOCATIONS.load(Ordering::Relaxed),
@@ -107,12 +114,15 @@ pub trait Allocator: Send + Sync {
     fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError>;
 
     /// Frees an allocation. Its memory is reused on its stream at once, and on other streams only
-    /// after the work of every stream given to [`Allocator::record_stream`] completes.
-    fn deallocate(&self, allocation: Allocation) -> Result<(), AllocError> {
-        self.deallocate_ptr(allocation.into_ptr())
-    }
+    /// after the work of every stream given to [`Allocator::record_stream`] completes. An
+    /// allocation made by another allocator is refused ([`AllocError::ForeignAllocation`]) and
+    /// nothing changes.
+    fn deallocate(&self, allocation: Allocation) -> Result<(), AllocError>;
 
-    /// Frees the allocation that starts at `ptr`.
+    /// Frees the allocation that starts at `ptr`. An address alone cannot tell two allocators
+    /// apart: a pointer that is not live here is refused ([`AllocError::InvalidPointer`]), but
+    /// one that another allocator handed out at an address live here too frees this one's block
+    /// (prefer [`Allocator::deallocate`], which checks the allocator).
     fn deallocate_ptr(&self, ptr: DevAddr) -> Result<(), AllocError>;
 
     /// Declares that the allocation at `ptr` is also used by work on `stream`: when it is freed,

@@ -62,6 +62,18 @@ pub enum AllocError {
     /// or never allocated). Never retry.
     #[error("invalid device pointer: {0} is not the start of a live allocation of this allocator")]
     InvalidPointer(crate::DevAddr),
+    /// The allocation was made by another allocator (two allocators may hand out the same
+    /// address, so freeing it here would free this allocator's own block). Nothing changed: free
+    /// `ptr` through the allocator that made it, with `deallocate_ptr`.
+    #[error("foreign allocation: {ptr} was made by allocator {owner}, not by this allocator {allocator}; nothing was freed: free it through the allocator that made it (deallocate_ptr({ptr}))")]
+    ForeignAllocation {
+        /// The allocation's address.
+        ptr: crate::DevAddr,
+        /// The allocator that made it.
+        owner: crate::allocator::AllocatorId,
+        /// The allocator it was given to.
+        allocator: crate::allocator::AllocatorId,
+    },
     /// The pointer was freed already and not allocated again since.
     #[error("double free: {0} was already freed")]
     DoubleFree(crate::DevAddr),

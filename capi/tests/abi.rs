@@ -2,13 +2,29 @@
 //! pointer). One process, one registry: every test configures the same settings first.
 
 use std::ffi::{c_void, CStr, CString};
-use std::sync::Once;
+use std::sync::{Once, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use vmm_alloc_capi::*;
 
 const CAPACITY_MB: usize = 256;
 
-fn setup() {
+/// Tests share one allocator: those that compare its statistics before and after a call hold
+/// this exclusively, the rest shared (an OOM that fails at once left a window too short for a
+/// concurrent test to hide in before issue 21 no longer does).
+static SHARED: RwLock<()> = RwLock::new(());
+
+/// The allocator to oneself, for a test that compares statistics before and after a call.
+fn setup_alone() -> RwLockWriteGuard<'static, ()> {
+    configure();
+    SHARED.write().unwrap_or_else(|e| e.into_inner())
+}
+
+fn setup() -> RwLockReadGuard<'static, ()> {
+    configure();
+    SHARED.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn configure() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let ours = CString::new(format!("capacity_mb:{CAPACITY_MB}")).unwrap();
@@ -51,13 +67,13 @@ fn stats() -> serde_json::Value {
 
 #[test]
 fn zero_bytes_is_null_without_error() {
-    setup();
+    let _shared = setup();
     assert_eq!(malloc(0, 0, 0).unwrap(), std::ptr::null_mut());
 }
 
 #[test]
 fn returned_memory_holds_what_is_written() {
-    setup();
+    let _shared = setup();
     let p = malloc(5000, 0, 0).unwrap();
     assert_eq!(p as usize % 512, 0, "allocations are 512-byte aligned");
     // SAFETY: 5000 bytes were allocated at `p`, on the Host backend: real memory.
@@ -71,7 +87,7 @@ fn returned_memory_holds_what_is_written() {
 
 #[test]
 fn a_foreign_pointer_is_refused_and_counted_not_a_crash() {
-    setup();
+    let _shared = setup();
     let before = stats()["vmm.failed_frees"].as_u64().unwrap();
     let mut local = [0u8; 64];
     assert_eq!(vmm_alloc_try_free(local.as_mut_ptr().cast(), 0), E_INVALID);
@@ -86,7 +102,7 @@ fn a_foreign_pointer_is_refused_and_counted_not_a_crash() {
 
 #[test]
 fn a_double_free_is_an_error() {
-    setup();
+    let _shared = setup();
     let p = malloc(1 << 20, 0, 0).unwrap();
     free(p);
     assert_ne!(vmm_alloc_try_free(p.cast(), 0), 0);
@@ -95,7 +111,7 @@ fn a_double_free_is_an_error() {
 
 #[test]
 fn out_of_memory_gives_the_report_and_changes_nothing() {
-    setup();
+    let _alone = setup_alone();
     let before = stats()["allocated_bytes.all.current"].as_u64().unwrap();
     let (rc, msg) = malloc((CAPACITY_MB + 1) << 20, 0, 0).unwrap_err();
     assert_eq!(rc, E_OOM);
@@ -116,7 +132,7 @@ fn out_of_memory_gives_the_report_and_changes_nothing() {
 
 #[test]
 fn bad_devices_and_settings_are_errors_with_messages() {
-    setup();
+    let _shared = setup();
     let (rc, msg) = malloc(100, 999, 0).unwrap_err();
     assert_eq!(rc, E_INVALID);
     assert!(msg.contains("device 999"), "{msg}");
@@ -146,7 +162,7 @@ fn bad_devices_and_settings_are_errors_with_messages() {
 
 #[test]
 fn stats_use_pytorch_names_and_follow_allocations() {
-    setup();
+    let _shared = setup();
     let p = malloc(3 << 20, 0, 7).unwrap();
     let s = stats();
     for key in [
@@ -168,7 +184,7 @@ fn stats_use_pytorch_names_and_follow_allocations() {
 
 #[test]
 fn record_stream_knows_live_allocations_only() {
-    setup();
+    let _shared = setup();
     let p = malloc(4096, 0, 0).unwrap();
     vmm_alloc_record_stream(p.cast(), 3 as *mut c_void);
     free(p);
@@ -178,7 +194,7 @@ fn record_stream_knows_live_allocations_only() {
 
 #[test]
 fn many_threads_allocate_write_and_free() {
-    setup();
+    let _shared = setup();
     std::thread::scope(|s| {
         for t in 0..8u8 {
             s.spawn(move || {
@@ -198,7 +214,7 @@ fn many_threads_allocate_write_and_free() {
 
 #[test]
 fn sleep_releases_and_wake_restores_the_bytes_at_the_same_address() {
-    setup();
+    let _shared = setup();
     assert_eq!(vmm_alloc_set_sleep_tag(c"weights".as_ptr()), 0);
     let p = malloc(10_000, 0, 0).unwrap();
     assert_eq!(vmm_alloc_set_sleep_tag(std::ptr::null()), 0);
@@ -231,7 +247,7 @@ fn sleep_releases_and_wake_restores_the_bytes_at_the_same_address() {
 
 #[test]
 fn recording_writes_a_replayable_trace_and_a_snapshot() {
-    setup();
+    let _shared = setup();
     let dir = std::env::temp_dir().join(format!("vmm-capi-rec-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     assert_eq!(vmm_alloc_record_start(u64::MAX), 0);
@@ -274,7 +290,7 @@ fn recording_writes_a_replayable_trace_and_a_snapshot() {
 
 #[test]
 fn hooks_with_no_result_do_not_crash_on_odd_input() {
-    setup();
+    let _shared = setup();
     vmm_alloc_init(1);
     vmm_alloc_init(-1);
     vmm_alloc_set_memory_fraction(2.0, 0);

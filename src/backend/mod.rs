@@ -48,6 +48,7 @@ mod host;
 mod ledger;
 mod raw;
 mod sim;
+mod sim_va;
 
 use std::fmt;
 

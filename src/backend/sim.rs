@@ -1,7 +1,6 @@
 //! `SimBackend`: exact CUDA bookkeeping with no memory behind it.
 //! (The whole description is on the type, which is what the docs show.)
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::backend::checked::Checked;
@@ -9,6 +8,7 @@ use crate::backend::emulated::{emulated_controls, sim_event_methods};
 use crate::backend::error::{BackendError, BackendErrorKind as E};
 use crate::backend::events::SimEvents;
 use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
+use crate::backend::sim_va::VaMap;
 use crate::backend::{forward_backend, Access, Capabilities, MemInfo};
 
 /// Where the first simulated reservation goes (an H100 handed out `0x302000000`).
@@ -65,31 +65,13 @@ impl SimConfig {
     }
 }
 
-/// The raw simulated device: a first-fit address-space map, handle numbers and events.
+/// The raw simulated device: a best-fit address-space map, handle numbers and events.
 pub(crate) struct SimDevice {
     config: SimConfig,
-    /// base -> len of each live reservation.
-    used: BTreeMap<u64, usize>,
+    /// Live reservations and the gaps between them (O(log n) per reserve and free).
+    va: VaMap,
     next_handle: RawHandle,
     pub(crate) events: SimEvents,
-}
-
-impl SimDevice {
-    /// The lowest granule-aligned address where `len` bytes fit, one guard granule away from
-    /// every other reservation.
-    fn find_gap(&self, len: usize) -> Option<u64> {
-        let g = self.config.granularity as u64;
-        let len = len as u64;
-        let limit = VA_BASE + self.config.va_limit;
-        let mut candidate = VA_BASE;
-        for (&base, &used_len) in &self.used {
-            if candidate.checked_add(len)?.checked_add(g)? <= base {
-                break;
-            }
-            candidate = candidate.max(base + used_len as u64 + g);
-        }
-        (candidate.checked_add(len)? <= limit).then_some(candidate)
-    }
 }
 
 impl RawDevice for SimDevice {
@@ -112,14 +94,12 @@ impl RawDevice for SimDevice {
     }
 
     fn reserve(&mut self, len: usize) -> RawResult<u64> {
-        let base = self
-            .find_gap(len)
-            .ok_or(E::AddressSpaceExhausted { requested: len })?;
-        self.used.insert(base, len);
-        Ok(base)
+        self.va
+            .reserve(len as u64)
+            .ok_or(E::AddressSpaceExhausted { requested: len })
     }
     fn free_reservation(&mut self, base: u64, _len: usize) -> RawResult<()> {
-        self.used.remove(&base);
+        self.va.free(base);
         Ok(())
     }
     fn create(&mut self, _len: usize) -> RawResult<RawHandle> {
@@ -153,7 +133,8 @@ impl RawDevice for SimDevice {
 /// `SimBackend`: exact CUDA bookkeeping with no memory behind it.
 ///
 /// Addresses are fake but realistic (reservations start at `0x2_0000_0000`, aligned to the
-/// granularity, one granule apart so that two reservations never look contiguous). Physical
+/// granularity, one granule apart so that two reservations never look contiguous; a new one
+/// takes the smallest hole that holds it, O(log n) in the live reservations). Physical
 /// capacity is enforced exactly; events complete at once unless a test holds their stream.
 ///
 /// Cloning is cheap and shares the state, so a test can keep a clone to count calls and check
@@ -195,7 +176,11 @@ impl SimBackend {
     fn build(config: SimConfig) -> Self {
         let raw = SimDevice {
             config,
-            used: BTreeMap::new(),
+            va: VaMap::new(
+                VA_BASE,
+                VA_BASE + config.va_limit,
+                config.granularity as u64,
+            ),
             next_handle: 0,
             events: SimEvents::default(),
         };

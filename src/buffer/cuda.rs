@@ -177,6 +177,9 @@ impl Allocator for CudaMemory {
     fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError> {
         self.allocator.allocate(size, stream)
     }
+    fn deallocate(&self, allocation: Allocation) -> Result<(), AllocError> {
+        self.allocator.deallocate(allocation)
+    }
     fn deallocate_ptr(&self, ptr: DevAddr) -> Result<(), AllocError> {
         self.allocator.deallocate_ptr(ptr)
     }

@@ -22,10 +22,11 @@ pub use seed::SeedBlock;
 
 use crate::sync::Mutex;
 
-use crate::allocator::{Allocation, Allocator};
+use crate::allocator::{Allocation, Allocator, AllocatorId};
 use crate::backend::{Backend, StreamId};
 use crate::config::{parse_alloc_conf, AllocConf};
 use crate::error::AllocError;
+use crate::mechanism::owner::take_back;
 use crate::snapshot::{BlockInfo, BlockState, SegmentInfo, Snapshot};
 use crate::stats::MemoryStats;
 use crate::units::DevAddr;
@@ -47,13 +48,17 @@ use state::State;
 /// ```
 pub struct ClassicAllocator<B: Backend> {
     state: Mutex<State<B>>,
+    /// Stamped on every allocation; checked outside the lock when one is given back.
+    owner: AllocatorId,
 }
 
 impl<B: Backend> ClassicAllocator<B> {
     /// An allocator over `backend` configured as PyTorch by `conf`.
     pub fn new(backend: B, conf: AllocConf) -> Result<Self, AllocError> {
+        let state = State::new(backend, conf)?;
         Ok(Self {
-            state: Mutex::new(State::new(backend, conf)?),
+            owner: state.owner,
+            state: Mutex::new(state),
         })
     }
 
@@ -129,6 +134,10 @@ impl<B: Backend> std::fmt::Debug for ClassicAllocator<B> {
 impl<B: Backend> Allocator for ClassicAllocator<B> {
     fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError> {
         self.state.lock().malloc(size, stream)
+    }
+
+    fn deallocate(&self, allocation: Allocation) -> Result<(), AllocError> {
+        self.deallocate_ptr(take_back(self.owner, allocation)?)
     }
 
     fn deallocate_ptr(&self, ptr: DevAddr) -> Result<(), AllocError> {

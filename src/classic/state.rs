@@ -12,7 +12,7 @@ use crate::config::{get_allocation_size, AllocConf, SMALL_SIZE};
 use crate::error::{AllocError, BackendError};
 use crate::mechanism::deferred::Deferred;
 use crate::mechanism::oom::oom_report;
-use crate::mechanism::request::Request;
+use crate::mechanism::request::{never_fits, Request};
 use crate::stats::{MemoryStats, PoolKind};
 use crate::units::DevAddr;
 
@@ -49,6 +49,8 @@ pub(crate) struct State<B: Backend> {
     pub(crate) segment_log: Option<Vec<(u64, usize)>>,
     /// `mallocs` when the log started: logged ordinals count from there.
     pub(crate) segment_log_base: u64,
+    /// This allocator's id, stamped on every allocation.
+    pub(crate) owner: crate::allocator::AllocatorId,
 }
 
 /// `max_split_size` as PyTorch holds it: unlimited when unset.
@@ -81,6 +83,7 @@ impl<B: Backend> State<B> {
             mallocs: 0,
             segment_log: None,
             segment_log_base: 0,
+            owner: crate::allocator::AllocatorId::fresh(),
         })
     }
 
@@ -130,6 +133,14 @@ impl<B: Backend> State<B> {
         let alloc_size = get_allocation_size(size, self.conf.large_segment_size)
             .ok_or(AllocError::TooLarge { size: orig_size })?;
         let mut found = self.get_free_block(kind, stream, size);
+        // No cached block, and a segment larger than the device (or the allowed fraction) can
+        // never be allocated: PyTorch would empty the cache and retry first, we report at once
+        // (issue 21).
+        let limit = self.allowed_memory_maximum.unwrap_or(self.device_total);
+        if found.is_none() && never_fits(alloc_size, limit) {
+            self.stats.num_ooms += 1;
+            return Err(self.oom(alloc_size));
+        }
         if found.is_none() {
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks()?;
@@ -248,6 +259,7 @@ impl<B: Backend> State<B> {
             size: len,
             requested,
             stream,
+            owner: self.owner,
         }
     }
 

@@ -8,7 +8,7 @@ use crate::expandable::pieces::PieceId;
 use crate::expandable::size_index::{FreeRange, StreamPool};
 use crate::expandable::state::{Block, State};
 use crate::mechanism::oom::oom_report;
-use crate::mechanism::request::Request;
+use crate::mechanism::request::{never_fits, Request};
 use crate::mechanism::stream_uses::StreamUses;
 use crate::stats::PoolKind;
 use crate::units::DevAddr;
@@ -24,6 +24,10 @@ impl<B: Backend> State<B> {
             rounded,
             pool,
         } = Request::new(size, &self.config.roundup_power2_divisions)?;
+        if never_fits(rounded, self.limit) {
+            self.stats.num_ooms += 1;
+            return Err(self.oom_report(rounded));
+        }
         // Without sync only queries run, and a failing query just leaves its block pending.
         let _ = self.process_events(false);
         let (slot, free) = match self.find_free(stream, pool, rounded) {
@@ -56,6 +60,7 @@ impl<B: Backend> State<B> {
             size: rounded,
             requested: size,
             stream,
+            owner: self.owner,
         })
     }
 

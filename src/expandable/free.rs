@@ -60,9 +60,7 @@ impl<B: Backend> State<B> {
     fn free_block(&mut self, block: &Block) {
         // A block's stream is its segment's: blocks are carved from their (stream, pool)'s ranges.
         let StreamPool { stream, pool } = self.index.key(block.slot);
-        if !self.unsynced_frees.contains(&stream) {
-            self.unsynced_frees.push(stream);
-        }
+        self.unsynced_frees.insert(stream);
         let size = self.size_of(block);
         self.make_free(block.slot, block.piece);
         self.stats.count_inactive(pool, size, block.requested);
@@ -92,7 +90,7 @@ impl<B: Backend> State<B> {
     fn synchronize(&mut self, stream: StreamId) -> Result<(), BackendError> {
         let synced = self.backend.synchronize(stream);
         track(&mut self.stats, CallKind::Synchronize, synced)?;
-        self.unsynced_frees.retain(|&s| s != stream);
+        self.unsynced_frees.remove(&stream);
         Ok(())
     }
 

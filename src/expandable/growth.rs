@@ -168,10 +168,9 @@ impl<B: Backend> State<B> {
     /// The lowest place in an existing segment of (stream, pool) where `rounded` fits once the
     /// hole there is mapped.
     fn find_target(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<Target> {
-        for (&key, seg) in &self.segments {
-            if seg.stream != stream || seg.pool != pool {
-                continue;
-            }
+        let slot = self.index.find(StreamPool { stream, pool })?;
+        for &(_, key) in self.segments_by_slot.range((slot, 0)..=(slot, u64::MAX)) {
+            let seg = &self.segments[&key];
             for (h_start, h_end) in seg.holes() {
                 // The hole lies in one gap piece (gaps are merged), whose neighbours may be free.
                 let Some(gap) = seg.gap_before(h_start) else {
@@ -220,6 +219,7 @@ impl<B: Backend> State<B> {
         let tail = self.pieces.new_tiling(key, va.len);
         self.segments
             .insert(key, Segment::new(va, stream, pool, slot, tail));
+        self.segments_by_slot.insert((slot, key));
         self.stats.segment.increase(pool, 1);
         Ok(Target {
             seg: key,
@@ -393,6 +393,7 @@ impl<B: Backend> State<B> {
             // chunks it would not unmap) is deferred (Note [Deferred releases]): no segment any
             // more, nothing can be allocated in it, no statistic but `stuck_bytes` counts it.
             if let Some(seg) = self.segments.remove(&target.seg) {
+                self.segments_by_slot.remove(&(seg.slot, target.seg));
                 self.pieces.release_tiling(seg.tail);
                 self.stats.segment.decrease(seg.pool, 1);
                 let mut left = Leftover::reservation(seg.va);

@@ -25,10 +25,11 @@ mod state;
 
 use crate::sync::Mutex;
 
-use crate::allocator::{Allocation, Allocator};
+use crate::allocator::{Allocation, Allocator, AllocatorId};
 use crate::backend::{Backend, StreamId};
 use crate::config::ExpandableConfig;
 use crate::error::AllocError;
+use crate::mechanism::owner::take_back;
 use crate::snapshot::Snapshot;
 use crate::stats::MemoryStats;
 use crate::units::DevAddr;
@@ -50,13 +51,17 @@ use state::State;
 /// ```
 pub struct ExpandableAllocator<B: Backend> {
     state: Mutex<State<B>>,
+    /// Stamped on every allocation; checked outside the lock when one is given back.
+    owner: AllocatorId,
 }
 
 impl<B: Backend> ExpandableAllocator<B> {
     /// An allocator over `backend` with `config` (validated).
     pub fn new(backend: B, config: ExpandableConfig) -> Result<Self, AllocError> {
+        let state = State::new(backend, config)?;
         Ok(Self {
-            state: Mutex::new(State::new(backend, config)?),
+            owner: state.owner,
+            state: Mutex::new(state),
         })
     }
 
@@ -91,6 +96,10 @@ impl<B: Backend> std::fmt::Debug for ExpandableAllocator<B> {
 impl<B: Backend> Allocator for ExpandableAllocator<B> {
     fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError> {
         self.state.lock().allocate(size, stream)
+    }
+
+    fn deallocate(&self, allocation: Allocation) -> Result<(), AllocError> {
+        self.deallocate_ptr(take_back(self.owner, allocation)?)
     }
 
     fn deallocate_ptr(&self, ptr: DevAddr) -> Result<(), AllocError> {

@@ -130,6 +130,7 @@ impl<B: Backend> State<B> {
             self.backend.free_reservation(va),
         )?;
         if let Some(s) = self.segments.remove(&seg) {
+            self.segments_by_slot.remove(&(s.slot, seg));
             self.pieces.release_tiling(s.tail);
             self.stats.segment.decrease(s.pool, 1);
         }

@@ -31,7 +31,7 @@ impl FreeRange {
 }
 
 /// The (stream, pool) an index serves: its key among the indexes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct StreamPool {
     pub(crate) stream: StreamId,
     pub(crate) pool: PoolKind,
@@ -163,22 +163,31 @@ impl SizeIndex {
     }
 }
 
-/// One `SizeIndex` per (stream, pool), in a vector searched linearly: a program uses a handful
-/// of streams, and comparing a few keys is cheaper than hashing one. Each index keeps its slot
-/// for the allocator's life, so segments and blocks name theirs by slot and skip the search.
+/// One `SizeIndex` per (stream, pool), in a vector: a program uses a handful of streams, and
+/// comparing a few keys is cheaper than hashing one, so the first [`SCANNED`] are searched
+/// linearly and the rest through a hash map (O(1) with 200,000 streams, issue 21). Each index
+/// keeps its slot for the allocator's life, so segments and blocks name theirs by slot and skip
+/// the search.
 #[derive(Debug, Default)]
 pub(crate) struct Indexes {
     all: Vec<(StreamPool, SizeIndex)>,
+    /// Slots from [`SCANNED`] on, by key.
+    beyond: rustc_hash::FxHashMap<StreamPool, u32>,
 }
+
+/// Indexes searched by a scan before the hash map.
+const SCANNED: usize = 8;
 
 impl Indexes {
     /// The slot of `key`'s index, if it has one.
     #[inline]
     pub(crate) fn find(&self, key: StreamPool) -> Option<u32> {
-        self.all
-            .iter()
-            .position(|(k, _)| *k == key)
-            .map(|i| i as u32)
+        let scanned = self.all.iter().take(SCANNED).position(|(k, _)| *k == key);
+        match scanned {
+            Some(i) => Some(i as u32),
+            None if self.all.len() > SCANNED => self.beyond.get(&key).copied(),
+            None => None,
+        }
     }
 
     /// The slot of `key`'s index, created empty on first use.
@@ -186,8 +195,12 @@ impl Indexes {
         match self.find(key) {
             Some(i) => i,
             None => {
+                let slot = self.all.len() as u32;
+                if self.all.len() >= SCANNED {
+                    self.beyond.insert(key, slot);
+                }
                 self.all.push((key, SizeIndex::default()));
-                (self.all.len() - 1) as u32
+                slot
             }
         }
     }
@@ -215,6 +228,7 @@ impl Indexes {
 
     pub(crate) fn clear(&mut self) {
         self.all.clear();
+        self.beyond.clear();
     }
 }
 

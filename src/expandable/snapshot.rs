@@ -80,6 +80,7 @@ impl<B: Backend> State<B> {
         }
         self.live.clear();
         self.index.clear();
+        self.segments_by_slot.clear();
         self.pieces.clear();
     }
 }

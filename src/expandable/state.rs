@@ -7,9 +7,9 @@
 //! `free.rs` (frees, stream uses, pending events), `release.rs` (unmapping and giving back),
 //! `growth.rs` (mapping more).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
 use crate::config::{ConfigError, ExpandableConfig};
@@ -56,6 +56,9 @@ pub(crate) struct State<B: Backend> {
     pub(crate) access: Vec<Access>,
     /// va start -> segment
     pub(crate) segments: BTreeMap<u64, Segment>,
+    /// (index slot, va start) of every segment: the segments of one (stream, pool) in address
+    /// order, so growth looks at its own and not at every stream's (issue 21).
+    pub(crate) segments_by_slot: BTreeSet<(u32, u64)>,
     /// (stream, pool) -> every free range by (len, start): the best-fit index.
     pub(crate) index: Indexes,
     /// Every segment's pieces (Note [Pieces]).
@@ -67,11 +70,13 @@ pub(crate) struct State<B: Backend> {
     pub(super) recent_frees: RecentFrees,
     /// Streams on which a block was freed since the stream was last synchronized: only their free
     /// pages may still be touched by queued work (Note [Syncs]). A handful of streams at most.
-    pub(super) unsynced_frees: Vec<StreamId>,
+    pub(super) unsynced_frees: FxHashSet<StreamId>,
     /// What the driver would not take back yet (Note [Deferred releases]): events whose
     /// release failed (tried again by the next `process_events`), new segments of rolled-back
     /// growths (tried again by `empty_cache`); all given back at teardown.
     pub(crate) deferred: Deferred,
+    /// This allocator's id, stamped on every allocation.
+    pub(crate) owner: crate::allocator::AllocatorId,
 }
 
 impl<B: Backend> State<B> {
@@ -104,6 +109,7 @@ impl<B: Backend> State<B> {
             limit,
             access,
             segments: BTreeMap::new(),
+            segments_by_slot: BTreeSet::new(),
             index: Indexes::default(),
             pieces: Pieces::default(),
             live: FxHashMap::default(),
@@ -111,8 +117,9 @@ impl<B: Backend> State<B> {
             cache: HandleCache::default(),
             stats,
             recent_frees: RecentFrees::new(RECENT_FREES),
-            unsynced_frees: Vec::new(),
+            unsynced_frees: FxHashSet::default(),
             deferred: Deferred::default(),
+            owner: crate::allocator::AllocatorId::fresh(),
         })
     }
 

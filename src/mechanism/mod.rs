@@ -12,6 +12,7 @@
 //! * [`deferred`]: one list of what the backend refused to take back (events, mappings, handles,
 //!   reservations), retried later and given back at teardown;
 //! * [`oom`]: PyTorch's out-of-memory report;
+//! * [`owner`]: which allocator made an allocation, checked when it is given back;
 //! * [`violation`]: the typed invariant violations both allocators' checkers report.
 //!
 //! Named *mechanism* after the layer's name in DESIGN.md; `common` would say nothing about what
@@ -21,6 +22,7 @@
 pub(crate) mod counters;
 pub(crate) mod deferred;
 pub(crate) mod oom;
+pub(crate) mod owner;
 pub(crate) mod request;
 pub(crate) mod stream_uses;
 pub(crate) mod violation;

@@ -6,5 +6,7 @@ mod expandable_behaviour;
 mod expandable_pressure;
 mod expandable_regressions;
 mod expandable_rollback;
+mod foreign_frees;
 mod model;
 mod pytorch_parity;
+mod scaling_regressions;

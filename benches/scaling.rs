@@ -1,0 +1,103 @@
+//! Cost per operation against the size of the state: 1k → 1M streams, segments, reservations
+//! and live blocks (issue 21, item 1). A plain timing binary, not criterion: one pass over a
+//! million-entry state already takes seconds, and the figure wanted is the *ratio* of the time
+//! per event at n = 1M to the time at n = 1k (flat within 2× when every operation is
+//! O(log n) or better).
+//!
+//! Cases, each on Sim (bookkeeping only, so the allocator and backend cost is all that is timed):
+//! * `<allocator>/streams`: n allocations of 512 B, each on its own stream (so each makes its own
+//!   segment and reservation), then n frees; per event = (alloc + free) / 2n;
+//! * `<allocator>/live`: n allocations of 512 B on one stream, all live, then n frees;
+//! * `sim/reservations`: n reservations of 2 MiB on the bare backend, then n frees.
+//!
+//! `cargo bench --bench scaling` runs n = 1k, 4k, ... up to `VMM_SCALING_MAX` (default 1M) and
+//! prints ns per event and the ratio to the smallest n; `VMM_SCALING_CASE=expandable` runs only
+//! the cases whose name contains it.
+
+use std::time::Instant;
+
+use vmm_alloc::backend::{Backend, SimConfig};
+use vmm_alloc::{
+    Allocator, ClassicAllocator, ExpandableAllocator, ExpandableConfig, SimBackend, StreamId,
+};
+
+/// A device big enough that nothing here runs out: 2 MiB of pages for each of a million streams (2 TiB).
+fn sim() -> SimBackend {
+    SimBackend::with_config(SimConfig {
+        capacity: 2 << 40,
+        va_limit: 1 << 62,
+        ..SimConfig::default()
+    })
+    .expect("sim config")
+}
+
+fn expandable() -> ExpandableAllocator<SimBackend> {
+    // Reservations of 1.125 × 80 GiB per segment would be the default; the scaling is the same,
+    // but a small device keeps a million reservations inside the 2^62 of address space.
+    ExpandableAllocator::new(sim(), ExpandableConfig::default()).expect("expandable")
+}
+
+fn classic() -> ClassicAllocator<SimBackend> {
+    ClassicAllocator::with_alloc_conf(sim(), "").expect("classic")
+}
+
+/// ns per event of `n` allocations (stream picked by `stream_of`) then `n` frees.
+fn alloc_free<A: Allocator>(alloc: &A, n: u64, stream_of: impl Fn(u64) -> u64) -> f64 {
+    let t = Instant::now();
+    let live: Vec<_> = (0..n)
+        .map(|i| {
+            alloc
+                .allocate(512, StreamId::sim(stream_of(i)))
+                .expect("allocate")
+        })
+        .collect();
+    for a in live {
+        alloc.deallocate(a).expect("deallocate");
+    }
+    t.elapsed().as_nanos() as f64 / (2 * n) as f64
+}
+
+fn reservations(n: u64) -> f64 {
+    let sim = sim();
+    let t = Instant::now();
+    let vas: Vec<_> = (0..n)
+        .map(|_| sim.reserve(2 << 20).expect("reserve"))
+        .collect();
+    for va in vas {
+        sim.free_reservation(va).expect("free");
+    }
+    t.elapsed().as_nanos() as f64 / (2 * n) as f64
+}
+
+fn main() {
+    let max: u64 = std::env::var("VMM_SCALING_MAX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 20);
+    let sizes: Vec<u64> = std::iter::successors(Some(1024u64), |n| Some(n * 4))
+        .take_while(|&n| n <= max)
+        .collect();
+    type Case = (&'static str, fn(u64) -> f64);
+    let cases: [Case; 5] = [
+        ("expandable/streams", |n| {
+            alloc_free(&expandable(), n, |i| i + 1)
+        }),
+        ("expandable/live", |n| alloc_free(&expandable(), n, |_| 1)),
+        ("classic/streams", |n| alloc_free(&classic(), n, |i| i + 1)),
+        ("classic/live", |n| alloc_free(&classic(), n, |_| 1)),
+        ("sim/reservations", reservations),
+    ];
+    let only = std::env::var("VMM_SCALING_CASE").unwrap_or_default();
+    println!(
+        "{:<22} {:>9} {:>12} {:>8}",
+        "case", "n", "ns/event", "ratio"
+    );
+    for (name, run) in cases.into_iter().filter(|(name, _)| name.contains(&*only)) {
+        let mut first = None;
+        for &n in &sizes {
+            let ns = run(n);
+            let base = *first.get_or_insert(ns);
+            println!("{name:<22} {n:>9} {ns:>12.1} {:>8.2}", ns / base);
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Issue 21, item 2: an allocation given back to an allocator that did not make it. Two Sim
+//! allocators hand out the same first address, so before the fix allocator B freed its own live
+//! block when given A's allocation, and then handed out memory it still held.
+
+use vmm_alloc::backend::{HostBackend, HostConfig};
+use vmm_alloc::{
+    AllocError, Allocator, ClassicAllocator, ExpandableAllocator, ExpandableConfig, SimBackend,
+    StreamId,
+};
+
+const MB: usize = 1 << 20;
+const S0: StreamId = StreamId::DEFAULT;
+
+/// A's allocation given to B is refused with `ForeignAllocation`, B's state is unchanged (stats
+/// and snapshot), B's next allocation does not overlap B's live block, and A still takes its own
+/// allocation back by address.
+fn cross_free_is_refused<A: Allocator, B: Allocator>(a: &A, b: &B) {
+    let from_a = a.allocate(MB, S0).unwrap();
+    let from_b = b.allocate(MB, S0).unwrap();
+    assert_eq!(
+        from_a.ptr(),
+        from_b.ptr(),
+        "the two allocators hand out the same first address (the case the check exists for)"
+    );
+    assert_ne!(from_a.allocator(), from_b.allocator());
+    let (stats, snapshot) = (b.stats(), b.snapshot());
+    let a_ptr = from_a.ptr();
+    let err = b.deallocate(from_a).unwrap_err();
+    match &err {
+        AllocError::ForeignAllocation {
+            ptr,
+            owner,
+            allocator,
+        } => {
+            assert_eq!(*ptr, a_ptr);
+            assert_eq!(*allocator, from_b.allocator());
+            assert_ne!(owner, allocator);
+        }
+        other => panic!("expected ForeignAllocation, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("foreign allocation") && msg.contains("deallocate_ptr"),
+        "{msg}"
+    );
+    assert_eq!(b.stats(), stats, "a refused free changes no statistic");
+    assert_eq!(b.snapshot(), snapshot, "a refused free changes no block");
+    // B's block is still live: its next allocation lies elsewhere.
+    let next = b.allocate(MB, S0).unwrap();
+    let (lo, hi) = (
+        from_b.ptr().get(),
+        from_b.ptr().get() + from_b.size() as u64,
+    );
+    let (nlo, nhi) = (next.ptr().get(), next.ptr().get() + next.size() as u64);
+    assert!(
+        nhi <= lo || nlo >= hi,
+        "B's next allocation overlaps its live block"
+    );
+    b.deallocate(next).unwrap();
+    b.deallocate(from_b).unwrap();
+    // The error gave the address back: the right allocator frees it.
+    a.deallocate_ptr(a_ptr).unwrap();
+    assert_eq!(a.stats().allocated_bytes.all.current, 0);
+    assert_eq!(b.stats().allocated_bytes.all.current, 0);
+}
+
+#[test]
+fn expandable_refuses_another_allocators_allocation_on_sim() {
+    let cfg = ExpandableConfig::default;
+    let a = ExpandableAllocator::new(SimBackend::new(), cfg()).unwrap();
+    let b = ExpandableAllocator::new(SimBackend::new(), cfg()).unwrap();
+    cross_free_is_refused(&a, &b);
+    a.check_invariants().unwrap();
+    b.check_invariants().unwrap();
+}
+
+#[test]
+fn classic_refuses_another_allocators_allocation_on_sim() {
+    let a = ClassicAllocator::with_alloc_conf(SimBackend::new(), "").unwrap();
+    let b = ClassicAllocator::with_alloc_conf(SimBackend::new(), "").unwrap();
+    cross_free_is_refused(&a, &b);
+    a.check_invariants().unwrap();
+    b.check_invariants().unwrap();
+}
+
+#[test]
+fn a_classic_allocation_is_refused_by_an_expandable_allocator_and_back() {
+    let c = ClassicAllocator::with_alloc_conf(SimBackend::new(), "").unwrap();
+    let e = ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
+    // Different policies place the first block at the same base too.
+    cross_free_is_refused(&c, &e);
+    cross_free_is_refused(&e, &c);
+}
+
+#[test]
+fn foreign_allocations_are_refused_on_host() {
+    let host = || {
+        HostBackend::with_config(HostConfig {
+            capacity: 64 * MB,
+            ..HostConfig::default()
+        })
+        .unwrap()
+    };
+    let a = ExpandableAllocator::new(host(), ExpandableConfig::default()).unwrap();
+    let b = ClassicAllocator::with_alloc_conf(host(), "").unwrap();
+    let x = a.allocate(MB, S0).unwrap();
+    let ptr = x.ptr();
+    let before = b.stats();
+    assert!(matches!(
+        b.deallocate(x),
+        Err(AllocError::ForeignAllocation { .. })
+    ));
+    assert_eq!(b.stats(), before);
+    // By address, a pointer B never handed out is refused by B's own lookup.
+    assert_eq!(b.deallocate_ptr(ptr), Err(AllocError::InvalidPointer(ptr)));
+    a.deallocate_ptr(ptr).unwrap();
+}
+
+#[test]
+fn a_pointer_another_allocator_handed_out_is_refused_by_address_when_not_live_here() {
+    let a = ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
+    let b = ClassicAllocator::with_alloc_conf(SimBackend::new(), "").unwrap();
+    let x = a.allocate(MB, S0).unwrap();
+    // B holds nothing: the address lookup refuses it, and record_stream too.
+    assert_eq!(
+        b.deallocate_ptr(x.ptr()),
+        Err(AllocError::InvalidPointer(x.ptr()))
+    );
+    assert!(b.record_stream(x.ptr(), StreamId::sim(7)).is_err());
+    a.deallocate(x).unwrap();
+}

@@ -1,0 +1,119 @@
+//! Issue 21, item 1: costs that grew faster than the work. Timings live in `benches/scaling.rs`;
+//! these check what can be counted: a request larger than the device fails before any driver
+//! work beyond a memory query, and the driver calls of one operation do not grow with the number
+//! of streams the allocator serves.
+
+use vmm_alloc::backend::{Backend, CallKind, SimConfig};
+use vmm_alloc::{
+    AllocError, Allocator, ClassicAllocator, ExpandableAllocator, ExpandableConfig, SimBackend,
+    StreamId,
+};
+
+const MB: usize = 1 << 20;
+const GB: usize = 1 << 30;
+
+fn sim(capacity: usize) -> SimBackend {
+    SimBackend::with_config(SimConfig {
+        capacity,
+        va_limit: 1 << 60,
+        ..SimConfig::default()
+    })
+    .unwrap()
+}
+
+/// A 200 GiB request on an 80 GiB device, with some memory cached: an out-of-memory report at
+/// once, no call but the memory query, the cache untouched, one `num_ooms`.
+fn oversize_fails_fast<A: Allocator>(alloc: &A, sim: &SimBackend) {
+    let cached = alloc.allocate(30 * MB, StreamId::DEFAULT).unwrap();
+    alloc.deallocate(cached).unwrap();
+    let before = (sim.calls(), alloc.stats(), alloc.snapshot());
+    let err = alloc.allocate(200 * GB, StreamId::DEFAULT).unwrap_err();
+    assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
+    assert!(
+        err.to_string().contains("Tried to allocate 200.00 GiB"),
+        "{err}"
+    );
+    let calls = sim.calls().since(&before.0);
+    assert_eq!(
+        calls.calls(CallKind::MemInfo),
+        1,
+        "the report's memory query"
+    );
+    assert_eq!(
+        calls.total(),
+        1,
+        "no driver work but the memory query: {calls:?}"
+    );
+    let after = alloc.stats();
+    assert_eq!(after.num_ooms, before.1.num_ooms + 1);
+    assert_eq!(
+        after.num_alloc_retries, before.1.num_alloc_retries,
+        "no retry"
+    );
+    assert_eq!(after.reserved_bytes, before.1.reserved_bytes, "cache kept");
+    assert_eq!(alloc.snapshot(), before.2);
+}
+
+#[test]
+fn a_request_larger_than_the_device_fails_before_any_driver_work_expandable() {
+    for config in [
+        ExpandableConfig::default(),
+        ExpandableConfig::pytorch_expandable(),
+    ] {
+        let sim = sim(80 * GB);
+        let alloc = ExpandableAllocator::new(sim.clone(), config).unwrap();
+        oversize_fails_fast(&alloc, &sim);
+    }
+}
+
+#[test]
+fn a_request_larger_than_the_device_fails_before_any_driver_work_classic() {
+    let sim = sim(80 * GB);
+    let alloc = ClassicAllocator::with_alloc_conf(sim.clone(), "").unwrap();
+    oversize_fails_fast(&alloc, &sim);
+}
+
+#[test]
+fn a_request_larger_than_the_allowed_fraction_fails_fast_too() {
+    let sim = sim(80 * GB);
+    let alloc =
+        ClassicAllocator::with_alloc_conf(sim.clone(), "per_process_memory_fraction:0.5").unwrap();
+    oversize_fails_fast(&alloc, &sim);
+    // Just under the limit is still tried (and served).
+    let a = alloc.allocate(38 * GB, StreamId::DEFAULT).unwrap();
+    alloc.deallocate(a).unwrap();
+}
+
+/// Driver calls of one allocate + free on a fresh stream, after `streams` streams were served.
+fn calls_for_one_more_stream<A: Allocator>(alloc: &A, sim: &SimBackend, streams: u64) -> u64 {
+    let held: Vec<_> = (1..=streams)
+        .map(|s| alloc.allocate(512, StreamId::sim(s)).unwrap())
+        .collect();
+    let before = sim.calls();
+    let a = alloc.allocate(512, StreamId::sim(streams + 1)).unwrap();
+    alloc.deallocate(a).unwrap();
+    let n = sim.calls().since(&before).total();
+    for a in held {
+        alloc.deallocate(a).unwrap();
+    }
+    n
+}
+
+#[test]
+fn driver_calls_per_operation_do_not_grow_with_the_streams_served() {
+    for streams in [10, 1000] {
+        let s = sim(4 * GB);
+        let e = ExpandableAllocator::new(s.clone(), ExpandableConfig::default()).unwrap();
+        let s2 = sim(4 * GB);
+        let c = ClassicAllocator::with_alloc_conf(s2.clone(), "").unwrap();
+        let (ce, cc) = (
+            calls_for_one_more_stream(&e, &s, streams),
+            calls_for_one_more_stream(&c, &s2, streams),
+        );
+        // A new stream's first block: reserve, create, map, set access (a new segment).
+        assert!(ce <= 4, "expandable, {streams} streams: {ce} calls");
+        assert!(cc <= 4, "classic, {streams} streams: {cc} calls");
+        e.check_invariants().unwrap();
+        c.check_invariants().unwrap();
+    }
+}
