@@ -10,6 +10,7 @@
 mod ops;
 mod reach;
 mod reference;
+mod rounding;
 
 use proptest::prelude::*;
 use proptest::test_runner::{TestError, TestRunner};
