@@ -10,7 +10,6 @@
 mod ops;
 mod reach;
 mod reference;
-mod rounding;
 
 use proptest::prelude::*;
 use proptest::test_runner::{TestError, TestRunner};

@@ -11,7 +11,7 @@ use vmm_alloc::testkit::EmulatedBackend;
 use vmm_alloc::{AllocError, Allocator, DevAddr, MemoryStats, StreamId};
 
 use super::reference::{best_fit, free_blocks, no_overlap, pool_of, Model, Rules};
-use super::rounding::{round_size, SMALL_SIZE};
+use crate::pytorch_rounding::{round_size, SMALL_SIZE};
 
 const STREAMS: u64 = 3;
 const MB: usize = 1 << 20;

@@ -12,7 +12,7 @@ use vmm_alloc::snapshot::{BlockState, Snapshot};
 use vmm_alloc::stats::{PoolKind, StatArray};
 use vmm_alloc::{Allocation, MemoryStats, StreamId};
 
-use super::rounding::{segment_size, MIN_BLOCK_SIZE, SMALL_SIZE};
+use crate::pytorch_rounding::{segment_size, MIN_BLOCK_SIZE, SMALL_SIZE};
 
 /// What the model knows about one live allocation.
 pub struct Live {

@@ -1,7 +1,8 @@
 //! PyTorch's request rounding and segment sizes written out again from reference §1.4–1.5
 //! (`round_size`, `roundup_power2_divisions`, `roundup_power2_next_division`,
 //! `get_allocation_size`), so the model's expectations never come from the crate's own port
-//! (`src/config/round.rs`), and a table of known values, worked by hand from PyTorch's formula
+//! (`src/config/round.rs`): the classic model predicts sizes and segments with it, the
+//! expandable model the size of every block. With it, a table of known values, worked by hand from PyTorch's formula
 //! and its tests, that both this rule and the crate's must give.
 
 use vmm_alloc::config::{get_allocation_size as crate_segment, round_size as crate_round};
