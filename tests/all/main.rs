@@ -9,4 +9,5 @@ mod expandable_rollback;
 mod foreign_frees;
 mod model;
 mod pytorch_parity;
+mod pytorch_rounding;
 mod scaling_regressions;

@@ -27,6 +27,9 @@ pub struct Corpus {
     pub csv: Vec<Vec<u8>>,
     /// How many pickles came from `../shared/traces`.
     pub shared: usize,
+    /// The `../shared/traces` folders that could not be read (absent in a bare clone): their
+    /// recorded snapshots are not in the corpus, which the campaign says in its summary.
+    pub shared_missing: Vec<PathBuf>,
 }
 
 /// Small workloads of every shape the replay tool has.
@@ -112,12 +115,15 @@ fn rmm_csv(trace: &Trace) -> Vec<u8> {
     out.into_bytes()
 }
 
-/// The recorded snapshots of `../shared/traces/pytorch` (and its `state-only/`) small enough.
-fn shared_pickles() -> Vec<Vec<u8>> {
+/// The recorded snapshots of `../shared/traces/pytorch` (and its `state-only/`) small enough,
+/// and the folders that could not be read.
+fn shared_pickles() -> (Vec<Vec<u8>>, Vec<PathBuf>) {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/pytorch");
     let mut out = Vec::new();
+    let mut missing = Vec::new();
     for dir in [root.clone(), root.join("state-only")] {
         let Ok(entries) = std::fs::read_dir(&dir) else {
+            missing.push(dir);
             continue;
         };
         let mut paths: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
@@ -131,7 +137,7 @@ fn shared_pickles() -> Vec<Vec<u8>> {
             }
         }
     }
-    out
+    (out, missing)
 }
 
 impl Corpus {
@@ -149,7 +155,7 @@ impl Corpus {
             .flatten()
             .collect();
         pickles.extend(values());
-        let shared = shared_pickles();
+        let (shared, shared_missing) = shared_pickles();
         let from_shared: Vec<Trace> = shared
             .iter()
             .filter_map(|b| read_snapshot(b, "shared").ok())
@@ -163,6 +169,7 @@ impl Corpus {
             csv: all.iter().map(|t| rmm_csv(t)).collect(),
             pickles,
             shared: n_shared,
+            shared_missing,
         }
     }
 }

@@ -88,6 +88,12 @@ impl Readers {
             corpus.csv.len(),
             black_box.path.display()
         );
+        for dir in &corpus.shared_missing {
+            println!(
+                "readers: NOT mutating the recorded PyTorch snapshots of {}: that folder cannot be read (absent outside the project's checkout), so only the built-in inputs are in the corpus",
+                dir.display()
+            );
+        }
         Self { corpus, black_box }
     }
 

@@ -4,13 +4,14 @@
 use proptest::prelude::*;
 use vmm_alloc::backend::{Backend, PhysHandle, SimBackend, SimConfig};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::{round_size, AllocConf, SMALL_SIZE};
+use vmm_alloc::config::AllocConf;
 use vmm_alloc::snapshot::{BlockState, SegmentInfo, Snapshot};
 use vmm_alloc::stats::PoolKind;
 use vmm_alloc::testkit::EmulatedBackend;
 use vmm_alloc::{AllocError, Allocator, DevAddr, MemoryStats, StreamId};
 
 use super::reference::{best_fit, free_blocks, no_overlap, pool_of, Model, Rules};
+use crate::pytorch_rounding::{round_size, SMALL_SIZE};
 
 const STREAMS: u64 = 3;
 const MB: usize = 1 << 20;
@@ -319,7 +320,7 @@ impl Rig {
         if retried {
             self.model.process_all();
         }
-        let rounded = round_size(size, &self.conf.roundup_power2_divisions).expect("rounds");
+        let rounded = round_size(size, &self.conf.roundup_power2_divisions);
         let pool = pool_of(rounded);
         let free = free_blocks(&self.snap, &done);
         let cached =

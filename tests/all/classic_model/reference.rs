@@ -7,10 +7,12 @@
 //! its module): classic blocks never unmap, merge only inside one device allocation and are placed
 //! by rules the model can predict exactly, so the two share ideas but little code.
 
-use vmm_alloc::config::{get_allocation_size, AllocConf, MIN_BLOCK_SIZE, SMALL_SIZE};
+use vmm_alloc::config::AllocConf;
 use vmm_alloc::snapshot::{BlockState, Snapshot};
 use vmm_alloc::stats::{PoolKind, StatArray};
 use vmm_alloc::{Allocation, MemoryStats, StreamId};
+
+use crate::pytorch_rounding::{segment_size, MIN_BLOCK_SIZE, SMALL_SIZE};
 
 /// What the model knows about one live allocation.
 pub struct Live {
@@ -98,9 +100,9 @@ impl Rules {
         }
     }
 
-    /// `get_allocation_size`: a new segment for `rounded`.
+    /// `get_allocation_size`: a new segment for `rounded` (the model's own, `rounding.rs`).
     pub fn segment_size(&self, rounded: usize) -> usize {
-        get_allocation_size(rounded, self.large_segment_size).expect("segment size")
+        segment_size(rounded, self.large_segment_size)
     }
 }
 

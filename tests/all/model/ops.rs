@@ -7,6 +7,7 @@ use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::{AllocError, Allocator, DevAddr, ExpandableAllocator, MemoryStats, StreamId};
 
 use super::reference::{no_overlap, Live, Model};
+use crate::pytorch_rounding::round_size;
 use vmm_alloc::testkit::{EmulatedBackend, Observed};
 
 const STREAMS: u64 = 3;
@@ -104,6 +105,12 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
         // Most growths under pressure (Note [Headroom]): remap before create, exact tails.
         Just(ExpandableConfig {
             headroom_fraction: 0.75,
+            ..ExpandableConfig::default()
+        }),
+        // Power-of-two rounding in the intervals the sizes reach (below 2 MiB: 2 steps, 2-4 MiB:
+        // 4, 4-8 MiB: 8), so the blocks' sizes are checked against PyTorch's rule there too.
+        Just(ExpandableConfig {
+            roundup_power2_divisions: [2, 4, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             ..ExpandableConfig::default()
         }),
     ]
@@ -216,6 +223,7 @@ pub fn run<B: EmulatedBackend>(
     let bytes = backend
         .capabilities()
         .contains(vmm_alloc::backend::Capabilities::BYTES);
+    let divisions = config.roundup_power2_divisions;
     let alloc = ExpandableAllocator::new(backend.clone(), config).map_err(|e| fail(0, e))?;
     let mut model = Model::default();
     let mut held: Vec<StreamId> = Vec::new();
@@ -238,6 +246,13 @@ pub fn run<B: EmulatedBackend>(
                 }
                 match result {
                     Ok(a) => {
+                        prop_assert_eq!(
+                            a.size(),
+                            round_size(size, &divisions),
+                            "step {}: a block of {} bytes is not PyTorch's round_size",
+                            step,
+                            size
+                        );
                         let (s, e) = (a.ptr().get(), a.ptr().get() + a.size() as u64);
                         prop_assert!(
                             !model.overlaps_pending(s, e),

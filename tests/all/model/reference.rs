@@ -2,12 +2,13 @@
 //! sums of every PyTorch stat that applies, compared with the allocator after every step.
 
 use proptest::prelude::*;
-use vmm_alloc::config::SMALL_SIZE;
 use vmm_alloc::snapshot::{BlockState, Snapshot};
 use vmm_alloc::stats::{PoolKind, Stat, StatArray};
 use vmm_alloc::{Allocation, MemoryStats, StreamId};
 
 use vmm_alloc::testkit::{MappingState, Seen};
+
+use crate::pytorch_rounding::SMALL_SIZE;
 
 /// What the model knows about one live allocation.
 pub struct Live {

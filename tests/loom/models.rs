@@ -1,8 +1,8 @@
 //! Loom model of the allocators' thread-safe front end (issue 8, reliability): every interleaving
 //! (up to loom's preemption bound) of 2-3 threads calling one shared allocator over the Sim
 //! backend, with `allocate`, `deallocate` on another thread after a hand-off, `record_stream`,
-//! `empty_cache` and `stats`. Compiled only with `--cfg loom`, which turns the allocators' lock
-//! (`src/sync.rs`) into loom's:
+//! `empty_cache` and `stats`. Compiled only with `--cfg loom` (see `main.rs`), which turns
+//! the allocators' lock (`src/sync.rs`) into loom's:
 //!
 //! ```sh
 //! RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test --release --test loom
@@ -18,8 +18,6 @@
 //!
 //! The Sim backend's own lock (`parking_lot` in `backend/checked.rs`) is not modelled: it is held
 //! only inside one backend call, which runs no loom operation, so no schedule can find it taken.
-#![cfg(loom)]
-
 use loom::sync::mpsc::channel;
 use loom::sync::Arc;
 use loom::thread;
