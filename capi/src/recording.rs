@@ -175,6 +175,7 @@ pub fn write_trace(device: u32, path: &str, alloc_conf: Option<String>) -> Resul
         skipped_frees: r.skipped_frees,
         recorded: None,
         alloc_conf,
+        skipped: Default::default(),
     };
     write_native_file(path, &trace).map_err(|e| e.to_string())
 }

@@ -25,6 +25,7 @@ pub mod snapshot;
 pub mod start_segments;
 pub mod workloads;
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 /// One thing the traced program did.
@@ -119,6 +120,11 @@ pub struct Trace {
     pub recorded: Option<Recorded>,
     /// The traced program's `PYTORCH_CUDA_ALLOC_CONF`, when recorded.
     pub alloc_conf: Option<String>,
+    /// What the reader skipped on purpose, by kind, with how many (a snapshot's `snapshot`
+    /// entries, an RMM log's `allocate failure` lines, ...): input it understood and the replay
+    /// does not need. Anything else it does not understand is refused, never skipped. Empty for
+    /// the built-in workloads.
+    pub skipped: BTreeMap<String, u64>,
 }
 
 impl Trace {
@@ -145,6 +151,17 @@ impl Trace {
             }
         }
         peak
+    }
+}
+
+/// A string from an input file as an error message shows it: quoted, and cut to 40 characters.
+/// A hostile file can carry a field of megabytes; echoing it whole would turn one error line into
+/// megabytes.
+pub(crate) fn shown(s: &str) -> String {
+    const MAX: usize = 40;
+    match s.char_indices().nth(MAX) {
+        None => format!("{s:?}"),
+        Some((cut, _)) => format!("{:?}... ({} bytes)", s.get(..cut).unwrap_or(""), s.len()),
     }
 }
 

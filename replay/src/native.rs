@@ -12,9 +12,11 @@
 //! start            1 byte   0 empty, 1 near-empty, 2 warm
 //! skipped_frees    varint
 //! flags            1 byte   bit 0: recorded follows, bit 1: alloc_conf follows, bit 2: failed
-//!                           requests follow (others 0)
+//!                           requests follow, bit 3: skipped counts follow (others 0)
 //! [recorded]       varint ×3  peak_reserved_bytes, segment_allocs, segment_frees
 //! [alloc_conf]     string
+//! [skipped]        varint count, then per kind: its name (string, in increasing byte order),
+//!                  its count (varint): `Trace::skipped`
 //! [failed]         varint count, then per request: its position among the events (varint,
 //!                  increasing), size varint, stream varint (`FailedAlloc` events; the ops
 //!                  and the event count below leave them out)
@@ -47,6 +49,9 @@
 //! free of one of the 32 latest allocations, takes one byte. The recorded PyTorch traces take 1.1
 //! to 2.3 bytes an event (1.5 overall, about 1/230 of their snapshot pickles), the built-in
 //! training and inference workloads 1.2 to 1.5, and RMM-style uniformly random sizes 3.
+//!
+//! Every size (initial block, allocation, failed request) is at least 1 byte: a file holding a
+//! size of 0 is refused, since no allocator replays an empty request.
 //!
 //! Reading is bounded: a count that the remaining bytes could not hold, a table index out of
 //! range, a truncated file (the error names the offset), an unknown version, or a bad checksum is
@@ -96,7 +101,8 @@ pub fn write_native(trace: &Trace) -> Vec<u8> {
     out.push(
         u8::from(trace.recorded.is_some())
             | u8::from(trace.alloc_conf.is_some()) << 1
-            | u8::from(!failed.is_empty()) << 2,
+            | u8::from(!failed.is_empty()) << 2
+            | u8::from(!trace.skipped.is_empty()) << 3,
     );
     if let Some(r) = &trace.recorded {
         put(&mut out, r.peak_reserved_bytes.into());
@@ -105,6 +111,13 @@ pub fn write_native(trace: &Trace) -> Vec<u8> {
     }
     if let Some(conf) = &trace.alloc_conf {
         put_str(&mut out, conf);
+    }
+    if !trace.skipped.is_empty() {
+        put(&mut out, trace.skipped.len() as u128);
+        for (kind, n) in &trace.skipped {
+            put_str(&mut out, kind);
+            put(&mut out, (*n).into());
+        }
     }
     if !failed.is_empty() {
         put(&mut out, failed.len() as u128);
@@ -211,6 +224,9 @@ pub fn read_native(bytes: &[u8], name: &str) -> Result<Trace, TraceError> {
         pos: 0,
         file: name,
     };
+    if bytes.is_empty() {
+        return Err(r.error("the file is empty: expected a vmm-alloc trace (VMMTRACE)".into()));
+    }
     if !bytes.starts_with(MAGIC) {
         return Err(r.error("not a vmm-alloc trace (no VMMTRACE magic)".into()));
     }
@@ -230,7 +246,7 @@ pub fn read_native(bytes: &[u8], name: &str) -> Result<Trace, TraceError> {
     };
     let skipped_frees = r.u64("skipped_frees")?;
     let flags = r.byte("flags")?;
-    if flags & !7 != 0 {
+    if flags & !15 != 0 {
         return Err(r.error(format!("unknown flags {flags:#04x}")));
     }
     let recorded = if flags & 1 != 0 {
@@ -247,6 +263,23 @@ pub fn read_native(bytes: &[u8], name: &str) -> Result<Trace, TraceError> {
     } else {
         None
     };
+    let mut skipped = std::collections::BTreeMap::new();
+    if flags & 8 != 0 {
+        let n = r.count("skipped kinds", 2)?;
+        for _ in 0..n {
+            let at = r.pos;
+            let kind = r.string("skipped kind")?;
+            if skipped.keys().next_back().is_some_and(|last: &String| *last >= kind) {
+                r.pos = at;
+                return Err(r.error(format!(
+                    "skipped kinds must increase, {} does not",
+                    crate::shown(&kind)
+                )));
+            }
+            let count = r.u64("skipped count")?;
+            skipped.insert(kind, count);
+        }
+    }
     let mut failed = Vec::new();
     if flags & 4 != 0 {
         let n = r.count("failed requests", 3)?;
@@ -257,7 +290,7 @@ pub fn read_native(bytes: &[u8], name: &str) -> Result<Trace, TraceError> {
                     "failed request positions must increase, {at} does not"
                 )));
             }
-            let size = r.u64("failed request size")?;
+            let size = r.size("failed request size")?;
             let stream = r.u64("failed request stream")?;
             failed.push((at, Event::FailedAlloc { size, stream }));
         }
@@ -266,7 +299,7 @@ pub fn read_native(bytes: &[u8], name: &str) -> Result<Trace, TraceError> {
     let n_initial = r.count("initial blocks", 2)?;
     let mut initial = Vec::with_capacity(n_initial);
     for i in 0..n_initial {
-        let size = r.u64("initial block size")?;
+        let size = r.size("initial block size")?;
         let stream = r.u64("initial block stream")?;
         initial.push(InitialBlock {
             id: i as u64,
@@ -305,6 +338,7 @@ pub fn read_native(bytes: &[u8], name: &str) -> Result<Trace, TraceError> {
         skipped_frees,
         recorded,
         alloc_conf,
+        skipped,
     })
 }
 
@@ -363,6 +397,17 @@ impl Reader<'_> {
             self.pos = start;
             self.error(format!("the {what} ({v}) does not fit in 64 bits"))
         })
+    }
+
+    /// A size: a u64 of at least 1.
+    fn size(&mut self, what: &str) -> Result<u64, TraceError> {
+        let start = self.pos;
+        let v = self.u64(what)?;
+        if v == 0 {
+            self.pos = start;
+            return Err(self.error(format!("the {what} is 0 (every request is at least 1 byte)")));
+        }
+        Ok(v)
     }
 
     /// A count of items that take at least `min_bytes` each: no more than the rest could hold.
@@ -491,6 +536,9 @@ impl Reader<'_> {
                 },
             };
             if let Some(size) = size {
+                if size == 0 {
+                    return Err(bad(self, "an allocation of 0 bytes".into()));
+                }
                 if next_id >= foreign_base {
                     return Err(bad(self, format!("more than {n_allocs} allocations")));
                 }

@@ -200,6 +200,14 @@ pub struct PickleError {
 /// assert!(parse(b"\x80\x02cos\nsystem\n.").unwrap_err().to_string().contains("GLOBAL"));
 /// ```
 pub fn parse(bytes: &[u8]) -> Result<Value, PickleError> {
+    if bytes.is_empty() {
+        return Err(PickleError {
+            offset: 0,
+            message: "the input is empty: expected a pickle (a PyTorch snapshot starts with \
+                      PROTO, byte 0x80)"
+                .into(),
+        });
+    }
     let mut m = Machine {
         input: bytes,
         pos: 0,

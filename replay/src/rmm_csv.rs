@@ -11,16 +11,21 @@
 //!   regard to case, extra columns are ignored. `Action`, `Pointer` and `Size` are required;
 //!   `Stream` is optional (every allocation is on stream 0 without it). `Thread` and `Time` are
 //!   not used: RMM writes the log in the order the events happened.
-//! * Actions: `allocate`; `allocate failure` (the upstream resource threw: ignored, counted in
-//!   [`RmmLog::allocate_failures`]); `free` (`deallocate` is accepted too).
+//! * Actions: `allocate`; `allocate failure` (the upstream resource threw: skipped, counted in
+//!   [`RmmLog::allocate_failures`] and [`Trace::skipped`]); `free` (`deallocate` is accepted too).
+//!   Any other action is refused, naming the line.
 //! * `Pointer` is hexadecimal, with or without `0x` (`(nil)` is 0). `Size` is decimal, at most
 //!   2^60. `Stream` is hexadecimal with `0x`, decimal without.
+//! * An allocation of 0 bytes (RMM logs the request as made) is skipped with its free and counted
+//!   in [`Trace::skipped`]: no allocator replayed here serves an empty request.
 //! * A free names the pointer it frees. A free of a pointer that no live allocation holds is
 //!   skipped and counted in [`Trace::skipped_frees`] (the allocation happened before logging began),
-//!   and the trace then starts [`StartState::Warm`]. A free whose size differs from its
-//!   allocation's frees the allocation (RMM's replay benchmark does the same), counted in
+//!   and the trace then starts [`StartState::Warm`]; a second free of a pointer with no allocate
+//!   there in between is refused (a double free: the log is corrupt). A free whose size differs
+//!   from its allocation's frees the allocation (RMM's replay benchmark does the same), counted in
 //!   [`RmmLog::free_size_mismatches`]. Two live allocations at one pointer (zero-byte ones may
 //!   both be null) are freed last-allocated first.
+//! * An empty file, or one with the header and no other line, is refused: it records nothing.
 //! * Allocation ids are dense, in log order: the n-th allocation is id n - 1.
 //!
 //! Bad input is an error naming the line (`line 17: size "-5" is not a non-negative integer`),
@@ -29,7 +34,10 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::{Event, StartState, Trace, TraceError};
+use crate::{shown, Event, StartState, Trace, TraceError};
+
+/// The header `logging_resource_adaptor` writes, for error messages.
+const EXPECTED_HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream";
 
 /// The largest size accepted: anything larger is not a real allocation.
 pub const MAX_SIZE: u64 = 1 << 60;
@@ -79,13 +87,24 @@ pub fn parse_rmm_csv(text: &str, name: &str) -> Result<RmmLog, TraceError> {
     let (header_line, header) = lines
         .by_ref()
         .find(|(_, l)| !l.is_empty())
-        .ok_or_else(|| fail("no header".into()))?;
+        .ok_or_else(|| {
+            fail(format!(
+                "the file is {}: expected an RMM log, starting with its CSV header \
+                 ({EXPECTED_HEADER})",
+                if text.is_empty() { "empty" } else { "blank" }
+            ))
+        })?;
     let cols =
         Columns::from_header(header).map_err(|m| fail(format!("line {header_line}: {m}")))?;
 
     let mut events = Vec::new();
-    // Pointer -> live allocations there (id, size), last allocated on top.
-    let mut live: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+    // Pointer -> live allocations there (id, size), last allocated on top; zero-byte ones,
+    // skipped, have no id.
+    let mut live: HashMap<u64, Vec<(Option<u64>, u64)>> = HashMap::new();
+    // Pointers freed and not allocated since, with the line that freed them (double frees).
+    let mut freed_at: HashMap<u64, usize> = HashMap::new();
+    let mut zero_byte = 0u64;
+    let mut lines_read = 0u64;
     let mut next_id: u64 = 0;
     let mut skipped_frees = 0;
     let mut allocate_failures = 0;
@@ -105,6 +124,7 @@ pub fn parse_rmm_csv(text: &str, name: &str) -> Result<RmmLog, TraceError> {
         }
         let field = |i: usize| fields.get(i).copied().unwrap_or("");
         let action = field(cols.action);
+        lines_read += 1;
         match action {
             "allocate" => {
                 let ptr = parse_pointer(field(cols.pointer)).map_err(at)?;
@@ -113,9 +133,17 @@ pub fn parse_rmm_csv(text: &str, name: &str) -> Result<RmmLog, TraceError> {
                     Some(i) => parse_stream(field(i)).map_err(at)?,
                     None => 0,
                 };
+                freed_at.remove(&ptr);
+                // RMM passes an empty request to its resource and logs it; no allocator replayed
+                // here serves one (nor needs memory for it).
+                if size == 0 {
+                    zero_byte += 1;
+                    live.entry(ptr).or_default().push((None, 0));
+                    continue;
+                }
                 let id = next_id;
                 next_id += 1;
-                live.entry(ptr).or_default().push((id, size));
+                live.entry(ptr).or_default().push((Some(id), size));
                 events.push(Event::Alloc { id, size, stream });
             }
             "allocate failure" => allocate_failures += 1,
@@ -131,13 +159,44 @@ pub fn parse_rmm_csv(text: &str, name: &str) -> Result<RmmLog, TraceError> {
                         if alloc_size != size {
                             free_size_mismatches += 1;
                         }
-                        events.push(Event::Free { id });
+                        if let Some(id) = id {
+                            events.push(Event::Free { id });
+                        }
                     }
-                    None => skipped_frees += 1,
+                    None => {
+                        if let Some(earlier) = freed_at.get(&ptr) {
+                            return Err(at(format!(
+                                "free of pointer {ptr:#x}, which line {earlier} already freed \
+                                 with no allocate there in between (a double free)"
+                            )));
+                        }
+                        skipped_frees += 1;
+                    }
+                }
+                if live.get(&ptr).is_none_or(Vec::is_empty) {
+                    freed_at.insert(ptr, line);
                 }
             }
-            other => return Err(at(format!("unknown action {}", shown(other)))),
+            other => {
+                return Err(at(format!(
+                    "unknown action {} (expected allocate, allocate failure, free or deallocate)",
+                    shown(other)
+                )))
+            }
         }
+    }
+    if lines_read == 0 {
+        return Err(fail(format!(
+            "line {header_line}: the header is the only line: an RMM log with no allocate or free \
+             to replay"
+        )));
+    }
+    let mut skipped = std::collections::BTreeMap::new();
+    if allocate_failures > 0 {
+        skipped.insert("allocate failure lines".to_string(), allocate_failures);
+    }
+    if zero_byte > 0 {
+        skipped.insert("zero-byte allocations".to_string(), zero_byte);
     }
     let start = if skipped_frees == 0 {
         StartState::Empty
@@ -153,6 +212,7 @@ pub fn parse_rmm_csv(text: &str, name: &str) -> Result<RmmLog, TraceError> {
             skipped_frees,
             recorded: None,
             alloc_conf: None,
+            skipped,
         },
         allocate_failures,
         free_size_mismatches,
@@ -188,16 +248,6 @@ impl Columns {
             stream,
             needed,
         })
-    }
-}
-
-/// A field as an error message shows it: quoted, and cut to 40 characters. A hostile log can
-/// carry a field of megabytes; echoing it whole would turn one error line into megabytes.
-fn shown(s: &str) -> String {
-    const MAX: usize = 40;
-    match s.char_indices().nth(MAX) {
-        None => format!("{s:?}"),
-        Some((cut, _)) => format!("{:?}... ({} bytes)", &s[..cut], s.len()),
     }
 }
 

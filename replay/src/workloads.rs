@@ -105,6 +105,7 @@ impl Builder {
             skipped_frees: 0,
             recorded: None,
             alloc_conf: None,
+            skipped: Default::default(),
         }
     }
 }

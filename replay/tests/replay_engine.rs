@@ -14,6 +14,7 @@ fn trace(initial: Vec<InitialBlock>, events: Vec<Event>) -> Trace {
         skipped_frees: 0,
         recorded: None,
         alloc_conf: None,
+        skipped: Default::default(),
     }
 }
 

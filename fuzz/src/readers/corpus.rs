@@ -1,6 +1,7 @@
 //! Valid inputs to mutate, built in code with the crate's own writers (snapshot dumps of replays,
 //! native traces, RMM logs written here), plus the small recorded PyTorch snapshots of
-//! `../shared/traces` when that folder is there (read at run time, never copied).
+//! `../shared/traces` when that folder is there (read at run time, never copied), and the
+//! crafted inputs of the issue 21 audit, which the readers refuse or count.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -87,6 +88,66 @@ fn values() -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The inputs of the outside audit (issue 21, item 3), which the readers once took for what they
+/// are not, as seeds: pickles (`[1, 2, 3]`, a memo bomb of 16^30 leaves, entries with an unknown
+/// action, an empty request, a double free, and the actions skipped on purpose), and RMM logs (a
+/// header alone, a double free, zero-byte allocations and `allocate failure` lines).
+fn audit_inputs() -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+    let s = |x: &str| Value::Str(x.into());
+    let list = |v: Vec<Value>| Value::List(Rc::from(v));
+    let entry = |action: &str, addr: i64, size: i64| {
+        Value::Dict(Rc::from(vec![
+            (s("action"), s(action)),
+            (s("addr"), Value::Int(addr)),
+            (s("size"), Value::Int(size)),
+            (s("stream"), Value::Int(0)),
+        ]))
+    };
+    let snapshot = |entries: Vec<Value>| {
+        Value::Dict(Rc::from(vec![
+            (s("segments"), list(vec![])),
+            (s("device_traces"), list(vec![list(entries)])),
+        ]))
+    };
+    let mut bomb = b"\x80\x04]\x94K\x00a".to_vec();
+    for k in 1..=30u8 {
+        bomb.push(b'(');
+        for _ in 0..16 {
+            bomb.extend_from_slice(&[b'h', k - 1]);
+        }
+        bomb.extend_from_slice(b"l\x94");
+    }
+    bomb.push(b'.');
+    let values = [
+        list(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
+        snapshot(vec![entry("alloc", 4096, 512), entry("reticulate", 4096, 512)]),
+        snapshot(vec![entry("alloc", 4096, 512), entry("alloc", 8192, 0)]),
+        snapshot(vec![
+            entry("alloc", 4096, 512),
+            entry("free_completed", 4096, 512),
+            entry("free_completed", 4096, 512),
+        ]),
+        snapshot(vec![
+            entry("alloc", 4096, 512),
+            entry("snapshot", 0, 512),
+            entry("user_defined", 0, 0),
+            entry("free_completed", 4096, 512),
+        ]),
+    ];
+    let mut pickles: Vec<Vec<u8>> = values.iter().filter_map(|v| dumps(v).ok()).collect();
+    pickles.push(bomb);
+    let h = "Thread,Time,Action,Pointer,Size,Stream\n";
+    let csv = [
+        h.to_string(),
+        format!("{h}1,t,allocate,0x10,8,0\n1,t,free,0x10,8,0\n1,t,free,0x10,8,0\n"),
+        format!(
+            "{h}1,t,allocate,0x10,0,0\n1,t,allocate failure,0x0,1099511627776,0\n\
+             1,t,allocate,0x20,8,0\n1,t,free,0x10,0,0\n1,t,free,0x20,8,0\n"
+        ),
+    ];
+    (pickles, csv.map(String::into_bytes).to_vec())
+}
+
 /// An RMM log of `trace`, as `logging_resource_adaptor` writes it: one line per allocate and
 /// free, pointers made up per allocation.
 fn rmm_csv(trace: &Trace) -> Vec<u8> {
@@ -155,6 +216,8 @@ impl Corpus {
             .flatten()
             .collect();
         pickles.extend(values());
+        let (audit_pickles, audit_csv) = audit_inputs();
+        pickles.extend(audit_pickles);
         let (shared, shared_missing) = shared_pickles();
         let from_shared: Vec<Trace> = shared
             .iter()
@@ -164,9 +227,11 @@ impl Corpus {
         let n_shared = shared.len();
         pickles.extend(shared);
         let all: Vec<&Trace> = traces.iter().chain(&from_shared).collect();
+        let mut csv: Vec<Vec<u8>> = all.iter().map(|t| rmm_csv(t)).collect();
+        csv.extend(audit_csv);
         Corpus {
             native: all.iter().map(|t| write_native(t)).collect(),
-            csv: all.iter().map(|t| rmm_csv(t)).collect(),
+            csv,
             pickles,
             shared: n_shared,
             shared_missing,

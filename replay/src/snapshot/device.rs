@@ -1,7 +1,7 @@
 //! One device's trace entries turned into a [`Trace`]: the start state rebuilt from the dump,
 //! the events, the release runs classified, and the recorded allocator's own figures.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::dump_state::{dump_segments, dump_state, granules, RangeSet};
 use super::entries::{parse_entry, Action, Entry, Work};
@@ -94,6 +94,10 @@ pub(super) fn device_trace(
     let mut events = Vec::with_capacity(entries.len() / 2);
     let mut live: HashMap<Option<i128>, u64> = HashMap::new();
     let mut skipped_frees = 0;
+    let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
+    // Addresses freed and not allocated since, with the entry that freed them: a second
+    // `free_completed` there frees nothing any allocator handed out (a corrupt trace).
+    let mut freed_at: HashMap<Option<i128>, usize> = HashMap::new();
     let mut orphan_free_requests = 0u64;
     let mut runs = ReleaseRuns::default();
     let mut first_alloc: Option<usize> = None;
@@ -128,7 +132,7 @@ pub(super) fn device_trace(
             }
         }
         let delta = i128::from(e.size);
-        let no_addr = || format!("entry {i}: {:?} without an address", e.action);
+        let no_addr = || format!("entry {i}: {} without an address", e.action.name());
         match e.action {
             Action::Alloc => {
                 allocs_seen += 1;
@@ -137,6 +141,7 @@ pub(super) fn device_trace(
                 let id = next_id;
                 next_id += 1;
                 live.insert(e.addr, id);
+                freed_at.remove(&e.addr);
                 events.push(Event::Alloc {
                     id,
                     size: e.size,
@@ -151,8 +156,18 @@ pub(super) fn device_trace(
             Action::FreeCompleted => {
                 match live.remove(&e.addr).or_else(|| initial_at.remove(&e.addr)) {
                     Some(id) => events.push(Event::Free { id }),
-                    None => skipped_frees += 1,
+                    None => {
+                        if let Some(j) = freed_at.get(&e.addr) {
+                            return Err(format!(
+                                "entry {i}: free_completed of address {} that entry {j} already \
+                                 freed, with no alloc there in between (a double free)",
+                                addr_shown(e.addr)
+                            ));
+                        }
+                        skipped_frees += 1;
+                    }
                 }
+                freed_at.insert(e.addr, i);
             }
             Action::SegmentAlloc | Action::SegmentMap => {
                 segment_allocs += 1;
@@ -190,7 +205,7 @@ pub(super) fn device_trace(
                 size: e.size,
                 stream: e.stream,
             }),
-            Action::Other => {}
+            Action::Skipped(kind) => *skipped.entry(kind.to_string()).or_default() += 1,
         }
     }
 
@@ -224,6 +239,7 @@ pub(super) fn device_trace(
         skipped_frees,
         recorded,
         alloc_conf,
+        skipped,
     };
     let baseline: u64 = trace.initial.iter().map(|b| b.size).sum();
     let rs = reserved_start.unwrap_or(0);
@@ -250,4 +266,9 @@ pub(super) fn device_trace(
         start_segments: start_segs,
         retry_runs,
     })
+}
+
+/// An address for an error message (hexadecimal, as PyTorch's viewer shows them).
+fn addr_shown(addr: Option<i128>) -> String {
+    addr.map_or("(none)".into(), |a| format!("{a:#x}"))
 }

@@ -66,6 +66,15 @@ pub(super) fn granules(addr: i128, size: u64) -> (i128, i128) {
     (addr >> 21, end >> 21)
 }
 
+/// The block states PyTorch writes (`active_awaiting_free` is its docstring's name for
+/// `active_pending_free`, pytorch-allocator.md §4.2); every state but `inactive` is live.
+const BLOCK_STATES: [&str; 4] = [
+    "active_allocated",
+    "active_pending_free",
+    "active_awaiting_free",
+    "inactive",
+];
+
 /// Blocks live at dump time on `dev`, by address: (requested size, stream). Also returns the
 /// reserved bytes at dump and whether the device has any segment.
 pub(super) type DumpState = (HashMap<Option<i128>, (u64, u64)>, i128, bool);
@@ -80,9 +89,6 @@ pub(super) fn dump_state(
     let mut any = false;
     for (si, s) in segments.iter().enumerate() {
         work.spend(s)?;
-        if !matches!(s, Value::Dict(_)) {
-            continue;
-        }
         // A segment without "device" belongs to every device, as in trace_summary.
         if s.get("device")
             .and_then(Value::as_i128)
@@ -97,25 +103,49 @@ pub(super) fn dump_state(
         let stream = stream_field(s);
         let seg_addr = addr_field(s, "address");
         let mut offset: i128 = 0;
-        let list = s.get("blocks").filter(|b| b.as_seq().is_some());
+        let list = match s.get("blocks") {
+            None | Some(Value::None) => None,
+            Some(list) if list.as_seq().is_some() => Some(list),
+            Some(other) => {
+                return Err(format!(
+                    "segment {si}: \"blocks\" is a {}, expected a list",
+                    other.type_name()
+                ))
+            }
+        };
         if let Some(list) = list {
             work.spend(list)?;
         }
-        for b in list.and_then(Value::as_seq).unwrap_or(&[]) {
+        for (bi, b) in list.and_then(Value::as_seq).unwrap_or(&[]).iter().enumerate() {
             work.spend(b)?;
             if !matches!(b, Value::Dict(_)) {
-                continue;
+                return Err(format!(
+                    "segment {si}: block {bi} is a {}, expected a dict",
+                    b.type_name()
+                ));
             }
             let bsize = size_field(b, "size").map_err(|m| format!("segment {si}: {m}"))?;
             // Blocks sit back to back from the segment's start when no address is recorded.
             let at =
                 addr_field(b, "address").or_else(|| seg_addr.map(|a| a.saturating_add(offset)));
             offset = offset.saturating_add(i128::from(bsize));
-            let state = b.get("state").and_then(Value::as_str).unwrap_or("");
-            if matches!(
-                state,
-                "active_allocated" | "active_pending_free" | "active_awaiting_free"
-            ) {
+            let state = match b.get("state") {
+                Some(Value::Str(state)) if BLOCK_STATES.contains(&&**state) => &**state,
+                Some(Value::Str(other)) => {
+                    return Err(format!(
+                        "segment {si}: block {bi} has state {}, expected one of {}",
+                        crate::shown(other),
+                        BLOCK_STATES.join(", ")
+                    ))
+                }
+                _ => {
+                    return Err(format!(
+                        "segment {si}: block {bi} has no \"state\" string (expected one of {})",
+                        BLOCK_STATES.join(", ")
+                    ))
+                }
+            };
+            if state != "inactive" {
                 let requested = if b.get("requested_size").is_some() {
                     size_field(b, "requested_size")
                 } else {

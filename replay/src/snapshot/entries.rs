@@ -2,6 +2,7 @@
 //! bound on the work the reader does (see `Work`).
 
 use crate::pickle::Value;
+use crate::shown;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Action {
@@ -13,8 +14,32 @@ pub(super) enum Action {
     SegmentMap,
     SegmentUnmap,
     Oom,
-    Other,
+    /// An action the replay does not need, skipped on purpose and counted under this name
+    /// (Note [Skipped actions]).
+    Skipped(&'static str),
 }
+
+// Note [Skipped actions]
+//
+// PyTorch's `TraceEntry::Action` (pytorch-allocator.md §4.2) has ten actions. Seven are read:
+// `alloc`, `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
+// `segment_unmap` and `oom`. Three carry no allocation and are skipped on purpose, each counted
+// in `Trace::skipped` so the summary says how many: `snapshot` (a `_snapshot()` call; its size is
+// the active bytes at that moment, which the replay rebuilds itself), and the user annotations
+// `user_defined` / `annotate` (markers in the timeline). Any other action, an entry that is not
+// a dict, or one without an `action` string is refused, naming the entry: a trace whose entries
+// the reader does not understand would replay as something else.
+
+/// The actions this reader replays.
+pub(super) const READ_ACTIONS: &str = "alloc, free_requested, free_completed, segment_alloc, \
+    segment_free, segment_map, segment_unmap, oom";
+
+/// The actions skipped on purpose, and the name their count goes under.
+const SKIPPED_ACTIONS: [(&str, &str); 3] = [
+    ("snapshot", "snapshot entries"),
+    ("user_defined", "user_defined entries"),
+    ("annotate", "annotate entries"),
+];
 
 /// One trace entry, with the fields this reader uses.
 pub(super) struct Entry<'a> {
@@ -23,6 +48,23 @@ pub(super) struct Entry<'a> {
     pub(super) size: u64,
     pub(super) stream: u64,
     pub(super) frames: Option<&'a Value>,
+}
+
+impl Action {
+    /// The action as PyTorch writes it.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Oom => "oom",
+            Action::Skipped(kind) => kind,
+        }
+    }
 }
 
 impl Entry<'_> {
@@ -96,34 +138,66 @@ pub(super) fn parse_entry<'a>(
 ) -> Result<Entry<'a>, String> {
     work.spend(e)?;
     if !matches!(e, Value::Dict(_)) {
-        // trace_summary counts these and moves on; so do we.
-        return Ok(Entry {
-            action: Action::Other,
-            addr: None,
-            size: 0,
-            stream: 0,
-            frames: None,
-        });
+        return Err(format!(
+            "entry {i} is a {}, expected a dict with an \"action\"",
+            e.type_name()
+        ));
     }
-    let action = match e.get("action").and_then(Value::as_str) {
-        Some("alloc") => Action::Alloc,
-        Some("free_requested") => Action::FreeRequested,
-        Some("free_completed") => Action::FreeCompleted,
-        Some("segment_alloc") => Action::SegmentAlloc,
-        Some("segment_free") => Action::SegmentFree,
-        Some("segment_map") => Action::SegmentMap,
-        Some("segment_unmap") => Action::SegmentUnmap,
-        Some("oom") => Action::Oom,
-        _ => Action::Other,
+    let action = match e.get("action") {
+        None => return Err(format!("entry {i} has no \"action\"")),
+        Some(Value::Str(a)) => match &**a {
+            "alloc" => Action::Alloc,
+            "free_requested" => Action::FreeRequested,
+            "free_completed" => Action::FreeCompleted,
+            "segment_alloc" => Action::SegmentAlloc,
+            "segment_free" => Action::SegmentFree,
+            "segment_map" => Action::SegmentMap,
+            "segment_unmap" => Action::SegmentUnmap,
+            "oom" => Action::Oom,
+            other => match SKIPPED_ACTIONS.iter().find(|(a, _)| *a == other) {
+                Some(&(_, kind)) => Action::Skipped(kind),
+                None => {
+                    let known: Vec<&str> = SKIPPED_ACTIONS.iter().map(|(a, _)| *a).collect();
+                    return Err(format!(
+                        "entry {i}: unknown action {} (PyTorch writes {READ_ACTIONS}, which are \
+                         replayed, and {}, which are skipped)",
+                        shown(other),
+                        known.join(", ")
+                    ));
+                }
+            },
+        },
+        Some(v) => {
+            return Err(format!(
+                "entry {i}: \"action\" is a {}, expected a string",
+                v.type_name()
+            ))
+        }
     };
-    let size = if action == Action::Other {
+    let size = if let Action::Skipped(_) = action {
         0
     } else {
         size_field(e, "size").map_err(|m| format!("entry {i}: {m}"))?
     };
+    let addr = addr_field(e, "addr");
+    let needs_addr = !matches!(action, Action::Oom | Action::Skipped(_));
+    if needs_addr && addr.is_none() {
+        return Err(format!(
+            "entry {i}: {} without an integer \"addr\"",
+            action.name()
+        ));
+    }
+    // PyTorch's allocator never records an empty request (`malloc` returns null for 0 bytes
+    // before it reaches the trace), and no allocator replays one.
+    if size == 0 && matches!(action, Action::Alloc | Action::Oom) {
+        return Err(format!(
+            "entry {i}: {} of 0 bytes (PyTorch records only requests of at least 1 byte)",
+            action.name()
+        ));
+    }
     Ok(Entry {
         action,
-        addr: addr_field(e, "addr"),
+        addr,
         size,
         stream: stream_field(e),
         frames: e

@@ -167,6 +167,27 @@ pub fn analyse_snapshot(bytes: &[u8], name: &str) -> Result<Vec<DeviceTrace>, Tr
     };
     let segments = seq(segments, "segments")?;
     let traces = seq(traces, "device_traces")?;
+    // Every segment is a dict: a list of anything else (`[1, 2, 3]`, or lists nested through the
+    // memo into a tree of 16^30 leaves) is not a snapshot, whatever its shape on disk.
+    if let Some((i, s)) = segments
+        .iter()
+        .enumerate()
+        .find(|(_, s)| !matches!(s, Value::Dict(_)))
+    {
+        let (top, why) = if matches!(root, Value::List(_)) {
+            (
+                "the top-level list",
+                " (a snapshot that is a bare list, as torch 1.13 wrote, holds only segments)",
+            )
+        } else {
+            ("\"segments\"", "")
+        };
+        return Err(fail(format!(
+            "item {i} of {top} is a {}, expected a segment (a dict with \"address\", \
+             \"total_size\" and \"blocks\"){why}",
+            s.type_name()
+        )));
+    }
     let conf = alloc_conf(settings);
     let mut per_device = Vec::new();
     for (dev, entries) in traces.iter().enumerate() {

@@ -92,6 +92,7 @@ fn failed_run() -> Vec<u8> {
         skipped_frees: 0,
         recorded: None,
         alloc_conf: None,
+        skipped: Default::default(),
     };
     write_native(&t)
 }

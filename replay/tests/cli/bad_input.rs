@@ -149,3 +149,64 @@ fn bad_arguments_print_usage_or_a_clear_error() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("exactly one trace"), "{}", stderr(&o));
 }
+
+/// Issue 21, item 3: inputs that are not what they claim are refused by the tool with one line
+/// naming the file, the entry and what was expected (they replayed with exit 0, or failed in the
+/// replay naming only the trace).
+#[test]
+fn inputs_that_are_not_what_they_claim() {
+    refused(
+        "claims",
+        "empty.pickle",
+        b"",
+        "the file is empty: expected a pytorch memory snapshot (pickle), an rmm log (csv) or a vmm-alloc trace",
+    );
+    // pickle.dumps([1, 2, 3], protocol=4)
+    refused(
+        "claims",
+        "ints.pickle",
+        b"\x80\x04\x95\x0b\x00\x00\x00\x00\x00\x00\x00]\x94(K\x01K\x02K\x03e.",
+        "item 0 of the top-level list is a int, expected a segment",
+    );
+    let header_only = b"Thread,Time,Action,Pointer,Size,Stream\n";
+    refused(
+        "claims",
+        "header.csv",
+        header_only,
+        "line 1: the header is the only line",
+    );
+    let double = rmm_csv(&[
+        ("allocate", 0x10, MIB, 0),
+        ("free", 0x10, MIB, 0),
+        ("free", 0x10, MIB, 0),
+    ]);
+    refused("claims", "double.csv", &double, "line 4: free of pointer 0x10");
+}
+
+/// What a reader skips on purpose is printed after the table and carried in `--json`.
+#[test]
+fn skipped_lines_are_counted_in_the_summary_and_the_json() {
+    let log = rmm_csv(&[
+        ("allocate", 0x10, MIB, 0),
+        ("allocate failure", 0, 1 << 40, 0),
+        ("allocate", 0x20, 0, 0),
+        ("free", 0x20, 0, 0),
+        ("free", 0x10, MIB, 0),
+    ]);
+    let path = file("skipped", "skipped.csv", &log);
+    let path = path.to_str().unwrap();
+    let o = vmm_replay(&["--allocators", "classic", path]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(
+            "Skipped on purpose (understood, not needed to replay):\n  skipped: 1 allocate failure lines, 1 zero-byte allocations\n"
+        ),
+        "{}",
+        stdout(&o)
+    );
+    let report = replay_json(&["--allocators", "classic", path]);
+    let trace = &report["traces"][0];
+    assert_eq!(trace["skipped"]["allocate failure lines"], 1);
+    assert_eq!(trace["skipped"]["zero-byte allocations"], 1);
+    assert_eq!(trace["events"], 2);
+}

@@ -2,6 +2,7 @@
 //! small inputs, errors (never panics) on bad and hostile ones, round trips, determinism and sanity.
 
 mod builtin_workloads;
+mod claims;
 mod hostile;
 mod native_format;
 mod rmm_csv_reader;

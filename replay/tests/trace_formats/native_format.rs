@@ -19,7 +19,7 @@ fn hand_made() -> Trace {
                 size: 3 << 30,
                 stream: 0x7f8a38001020,
             },
-            alloc(5, 0, 0),
+            alloc(5, 1, 0),
             alloc(6, 4096, 5),
             free(3),
             alloc(7, 1 << 62, 0x7f8a38001020),
@@ -42,6 +42,8 @@ fn hand_made() -> Trace {
             segment_frees: u64::MAX,
         }),
         alloc_conf: Some("expandable_segments:True,max_split_size_mb:128".into()),
+        skipped: [("snapshot entries".to_string(), 9), ("zero-byte allocations".into(), 0)]
+            .into(),
     }
 }
 
@@ -54,6 +56,7 @@ fn minimal(name: &str) -> Trace {
         skipped_frees: 0,
         recorded: None,
         alloc_conf: None,
+        skipped: Default::default(),
     }
 }
 

@@ -18,7 +18,7 @@ fn frames(name: &str) -> Value {
     ])])
 }
 
-fn e(action: &str, addr: i64, size: i64) -> Value {
+pub(crate) fn e(action: &str, addr: i64, size: i64) -> Value {
     dict(vec![
         ("action", s(action)),
         ("addr", i(addr)),
@@ -36,7 +36,7 @@ fn ef(action: &str, addr: i64, size: i64, f: &Value) -> Value {
     Value::Dict(p.into())
 }
 
-fn block(addr: i64, size: i64, requested: i64, state: &str) -> Value {
+pub(crate) fn block(addr: i64, size: i64, requested: i64, state: &str) -> Value {
     dict(vec![
         ("address", i(addr)),
         ("size", i(size)),
@@ -45,7 +45,7 @@ fn block(addr: i64, size: i64, requested: i64, state: &str) -> Value {
     ])
 }
 
-fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) -> Value {
+pub(crate) fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) -> Value {
     dict(vec![
         ("device", i(device)),
         ("address", i(addr)),
@@ -55,7 +55,7 @@ fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) -> Value {
     ])
 }
 
-fn snapshot(segments: Vec<Value>, traces: Vec<Vec<Value>>, settings: Option<Value>) -> Vec<u8> {
+pub(crate) fn snapshot(segments: Vec<Value>, traces: Vec<Vec<Value>>, settings: Option<Value>) -> Vec<u8> {
     let mut top = vec![
         ("segments", list(segments)),
         (

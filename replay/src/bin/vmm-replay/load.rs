@@ -21,6 +21,12 @@ pub fn load(path: &Path) -> Result<Vec<Trace>, TraceError> {
         e.file = file.clone();
         e
     };
+    if bytes.is_empty() {
+        return Err(TraceError {
+            file,
+            message: "the file is empty: expected a PyTorch memory snapshot (pickle), an RMM log (CSV) or a vmm-alloc trace".into(),
+        });
+    }
     if bytes.starts_with(native::MAGIC) {
         return native::read_native(&bytes, &name)
             .map(|t| vec![t])

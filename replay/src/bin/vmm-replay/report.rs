@@ -92,7 +92,26 @@ pub fn table(reports: &[TraceReport]) -> String {
         out.push('\n');
         out.push_str(&summary(reports));
     }
+    out.push_str(&skipped(reports));
     out.push_str(&ooms(reports));
+    out
+}
+
+/// What the readers skipped on purpose, per trace that skipped anything.
+fn skipped(reports: &[TraceReport]) -> String {
+    let mut out = String::new();
+    for r in reports.iter().filter(|r| !r.trace.skipped.is_empty()) {
+        if out.is_empty() {
+            out.push_str("\nSkipped on purpose (understood, not needed to replay):\n");
+        }
+        let kinds: Vec<String> = r
+            .trace
+            .skipped
+            .iter()
+            .map(|(kind, n)| format!("{n} {kind}"))
+            .collect();
+        out.push_str(&format!("  {}: {}\n", r.trace.name, kinds.join(", ")));
+    }
     out
 }
 
@@ -302,6 +321,7 @@ pub fn json(reports: &[TraceReport]) -> Value {
                 "events": r.trace.events.len() + r.trace.initial.len(),
                 "initial_blocks": r.trace.initial.len(),
                 "skipped_frees": r.trace.skipped_frees,
+                "skipped": r.trace.skipped,
                 "recorded_peak_reserved_bytes": r.trace.recorded.map(|x| x.peak_reserved_bytes),
                 "recorded_segment_allocs": r.trace.recorded.map(|x| x.segment_allocs),
                 "recorded_segment_frees": r.trace.recorded.map(|x| x.segment_frees),
