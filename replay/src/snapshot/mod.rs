@@ -9,8 +9,13 @@
 //! * blocks live when recording began become [`InitialBlock`](crate::InitialBlock)s: the dump-time `segments` list gives
 //!   the blocks live at the end, and undoing the trace backwards (an `alloc` removes its address,
 //!   a `free_completed` adds it back with the size it records), as memory_viz does, gives those
-//!   live at the start; a `free_completed` of an address that is neither live in the trace nor
-//!   such a block is skipped and counted in [`Trace::skipped_frees`];
+//!   live at the start; a second `free_completed` of an address with no `alloc` there in between
+//!   is refused (a double free: PyTorch records one per block);
+//! * entries are dicts with one of the actions PyTorch writes: `snapshot` and annotation entries
+//!   are skipped on purpose and counted in [`Trace::skipped`] (Note [Skipped actions] in
+//!   `entries.rs`); any other action, an entry that is not a dict, an `alloc` or `oom` of 0 bytes,
+//!   a segment or block that is not a dict, and a block state PyTorch does not write are refused,
+//!   naming the device and entry (or segment and block);
 //! * an allocation at an address that is still live leaves the older block live for good, as
 //!   `trace_summary`'s peak-live figure does (no real snapshot has one);
 //! * [`Recorded::peak_reserved_bytes`](crate::Recorded::peak_reserved_bytes) is PyTorch's reserved memory rebuilt from segment events,
