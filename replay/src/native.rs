@@ -269,7 +269,11 @@ pub fn read_native(bytes: &[u8], name: &str) -> Result<Trace, TraceError> {
         for _ in 0..n {
             let at = r.pos;
             let kind = r.string("skipped kind")?;
-            if skipped.keys().next_back().is_some_and(|last: &String| *last >= kind) {
+            if skipped
+                .keys()
+                .next_back()
+                .is_some_and(|last: &String| *last >= kind)
+            {
                 r.pos = at;
                 return Err(r.error(format!(
                     "skipped kinds must increase, {} does not",
@@ -405,7 +409,9 @@ impl Reader<'_> {
         let v = self.u64(what)?;
         if v == 0 {
             self.pos = start;
-            return Err(self.error(format!("the {what} is 0 (every request is at least 1 byte)")));
+            return Err(self.error(format!(
+                "the {what} is 0 (every request is at least 1 byte)"
+            )));
         }
         Ok(v)
     }

@@ -84,16 +84,13 @@ pub fn parse_rmm_csv(text: &str, name: &str) -> Result<RmmLog, TraceError> {
     };
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l.trim()));
-    let (header_line, header) = lines
-        .by_ref()
-        .find(|(_, l)| !l.is_empty())
-        .ok_or_else(|| {
-            fail(format!(
-                "the file is {}: expected an RMM log, starting with its CSV header \
+    let (header_line, header) = lines.by_ref().find(|(_, l)| !l.is_empty()).ok_or_else(|| {
+        fail(format!(
+            "the file is {}: expected an RMM log, starting with its CSV header \
                  ({EXPECTED_HEADER})",
-                if text.is_empty() { "empty" } else { "blank" }
-            ))
-        })?;
+            if text.is_empty() { "empty" } else { "blank" }
+        ))
+    })?;
     let cols =
         Columns::from_header(header).map_err(|m| fail(format!("line {header_line}: {m}")))?;
 

@@ -121,7 +121,10 @@ fn audit_inputs() -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
     bomb.push(b'.');
     let values = [
         list(vec![Value::Int(1), Value::Int(2), Value::Int(3)]),
-        snapshot(vec![entry("alloc", 4096, 512), entry("reticulate", 4096, 512)]),
+        snapshot(vec![
+            entry("alloc", 4096, 512),
+            entry("reticulate", 4096, 512),
+        ]),
         snapshot(vec![entry("alloc", 4096, 512), entry("alloc", 8192, 0)]),
         snapshot(vec![
             entry("alloc", 4096, 512),

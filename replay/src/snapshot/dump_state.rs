@@ -116,7 +116,12 @@ pub(super) fn dump_state(
         if let Some(list) = list {
             work.spend(list)?;
         }
-        for (bi, b) in list.and_then(Value::as_seq).unwrap_or(&[]).iter().enumerate() {
+        for (bi, b) in list
+            .and_then(Value::as_seq)
+            .unwrap_or(&[])
+            .iter()
+            .enumerate()
+        {
             work.spend(b)?;
             if !matches!(b, Value::Dict(_)) {
                 return Err(format!(

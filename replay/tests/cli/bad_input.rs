@@ -180,7 +180,12 @@ fn inputs_that_are_not_what_they_claim() {
         ("free", 0x10, MIB, 0),
         ("free", 0x10, MIB, 0),
     ]);
-    refused("claims", "double.csv", &double, "line 4: free of pointer 0x10");
+    refused(
+        "claims",
+        "double.csv",
+        &double,
+        "line 4: free of pointer 0x10",
+    );
 }
 
 /// What a reader skips on purpose is printed after the table and carried in `--json`.

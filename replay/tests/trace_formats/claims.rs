@@ -16,10 +16,7 @@ fn rmm_logs_with_nothing_in_them_are_refused() {
          (Thread,Time,Action,Pointer,Size,Stream)"
     );
     let m = csv_err(&format!("\n{HEADER}\n\n"));
-    assert!(
-        m.starts_with("line 2: the header is the only line"),
-        "{m}"
-    );
+    assert!(m.starts_with("line 2: the header is the only line"), "{m}");
 }
 
 #[test]
@@ -87,7 +84,9 @@ fn native_refuses_empty_requests_and_unordered_skip_kinds() {
     let m = message(read_native(&write_native(&zero), "x"));
     assert!(m.contains("an allocation of 0 bytes"), "{m}");
     let mut failed = t.clone();
-    failed.events.push(Event::FailedAlloc { size: 0, stream: 0 });
+    failed
+        .events
+        .push(Event::FailedAlloc { size: 0, stream: 0 });
     let m = message(read_native(&write_native(&failed), "x"));
     assert!(m.contains("failed request size is 0"), "{m}");
     let mut initial = t.clone();
@@ -109,9 +108,11 @@ fn native_refuses_empty_requests_and_unordered_skip_kinds() {
     swapped.extend_from_slice(&bytes[z + 3..]);
     bytes = swapped;
     let body = bytes.len() - 8;
-    let sum = bytes[..body].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let sum = bytes[..body]
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
     bytes[body..].copy_from_slice(&sum.to_le_bytes());
     let m = message(read_native(&bytes, "x"));
     assert!(m.contains("skipped kinds must increase"), "{m}");

@@ -42,8 +42,11 @@ fn hand_made() -> Trace {
             segment_frees: u64::MAX,
         }),
         alloc_conf: Some("expandable_segments:True,max_split_size_mb:128".into()),
-        skipped: [("snapshot entries".to_string(), 9), ("zero-byte allocations".into(), 0)]
-            .into(),
+        skipped: [
+            ("snapshot entries".to_string(), 9),
+            ("zero-byte allocations".into(), 0),
+        ]
+        .into(),
     }
 }
 

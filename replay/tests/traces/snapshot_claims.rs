@@ -46,7 +46,14 @@ fn memo_bomb(levels: u8) -> Vec<u8> {
 #[test]
 fn a_bare_list_of_non_segments_is_refused() {
     let m = refusal(&dumps(&list(vec![i(1), i(2), i(3)])));
-    assert_says(&m, &["item 0 of the top-level list", "is a int", "expected a segment"]);
+    assert_says(
+        &m,
+        &[
+            "item 0 of the top-level list",
+            "is a int",
+            "expected a segment",
+        ],
+    );
     // The same inside a snapshot dict.
     let m = refusal(&dumps(&dict(vec![("segments", list(vec![s("x")]))])));
     assert_says(&m, &["item 0 of \"segments\" is a str"]);
@@ -96,7 +103,11 @@ fn entries_without_a_readable_action_are_refused() {
     let int_action = dict(vec![("action", i(3)), ("addr", i(0x1000))]);
     let m = refusal(&snapshot(vec![], vec![vec![int_action]], None));
     assert_says(&m, &["entry 0: \"action\" is a int, expected a string"]);
-    let m = refusal(&snapshot(vec![], vec![vec![e("alloc", 0x1000, 512), i(7)]], None));
+    let m = refusal(&snapshot(
+        vec![],
+        vec![vec![e("alloc", 0x1000, 512), i(7)]],
+        None,
+    ));
     assert_says(&m, &["device 0: entry 1 is a int, expected a dict"]);
     let no_addr = dict(vec![("action", s("free_completed")), ("size", i(512))]);
     let m = refusal(&snapshot(vec![], vec![vec![no_addr]], None));
@@ -127,12 +138,18 @@ fn a_double_free_is_refused_naming_both_entries() {
         None,
     );
     let m = refusal(&bytes);
-    assert_says(&m, &["entry 2: free_completed of address 0x1000 that entry 1"]);
+    assert_says(
+        &m,
+        &["entry 2: free_completed of address 0x1000 that entry 1"],
+    );
     // A free of a block live before recording began, once, is not one: that block is live at
     // the start.
     let bytes = snapshot(vec![], vec![vec![e("free_completed", 0x1000, 512)]], None);
     let t = &read_snapshot(&bytes, "t").unwrap()[0];
-    assert_eq!((t.initial.len(), t.events.len(), t.skipped_frees), (1, 1, 0));
+    assert_eq!(
+        (t.initial.len(), t.events.len(), t.skipped_frees),
+        (1, 1, 0)
+    );
 }
 
 #[test]

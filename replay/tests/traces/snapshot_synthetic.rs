@@ -55,7 +55,11 @@ pub(crate) fn segment(device: i64, addr: i64, total: i64, blocks: Vec<Value>) ->
     ])
 }
 
-pub(crate) fn snapshot(segments: Vec<Value>, traces: Vec<Vec<Value>>, settings: Option<Value>) -> Vec<u8> {
+pub(crate) fn snapshot(
+    segments: Vec<Value>,
+    traces: Vec<Vec<Value>>,
+    settings: Option<Value>,
+) -> Vec<u8> {
     let mut top = vec![
         ("segments", list(segments)),
         (
