@@ -21,17 +21,19 @@ pub(super) enum Action {
 
 // Note [Skipped actions]
 //
-// PyTorch's `TraceEntry::Action` (pytorch-allocator.md §4.2) has ten actions. Seven are read:
-// `alloc`, `free_requested`, `free_completed`, `segment_alloc`, `segment_free`, `segment_map`,
-// `segment_unmap` and `oom`. Three carry no allocation and are skipped on purpose, each counted
-// in `Trace::skipped` so the summary says how many: `snapshot` (a `_snapshot()` call; its size is
-// the active bytes at that moment, which the replay rebuilds itself), and the user annotations
-// `user_defined` / `annotate` (markers in the timeline). Any other action, an entry that is not
-// a dict, or one without an `action` string is refused, naming the entry: a trace whose entries
-// the reader does not understand would replay as something else.
+// PyTorch's `TraceEntry::Action` has ten actions (pytorch-allocator.md §4.2 lists nine and
+// `annotate`; PyTorch's enum names the tenth `USER_DEFINED`, written `user_defined`). Eight are
+// read: `alloc`, `free_requested`, `free_completed`, `segment_alloc`, `segment_free`,
+// `segment_map`, `segment_unmap` and `oom`. The others carry no allocation and are skipped on
+// purpose, each counted in `Trace::skipped` so the summary says how many: `snapshot` (a
+// `_snapshot()` call; its size is the active bytes at that moment, which the replay rebuilds
+// itself) and the user annotations `user_defined` / `annotate` (markers in the timeline). Any
+// other action, an entry that is not a dict, or one without an `action` string is refused,
+// naming the entry: a trace whose entries the reader does not understand would replay as
+// something else.
 
 /// The actions this reader replays.
-pub(super) const READ_ACTIONS: &str = "alloc, free_requested, free_completed, segment_alloc, \
+const READ_ACTIONS: &str = "alloc, free_requested, free_completed, segment_alloc, \
     segment_free, segment_map, segment_unmap, oom";
 
 /// The actions skipped on purpose, and the name their count goes under.
