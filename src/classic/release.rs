@@ -180,6 +180,8 @@ impl<B: Backend> State<B> {
     /// `release_cached_blocks`: waits for pending frees, then frees every free whole segment,
     /// large pool first, each pool in (stream, size, address) order.
     pub(crate) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
+        // A replayed call's pending frees are the ones this synchronization completes.
+        self.complete_pending()?;
         self.give_back_leftovers()?;
         self.synchronize_and_free_events()?;
         self.release_blocks(PoolKind::Large)?;
@@ -230,6 +232,7 @@ impl<B: Backend> State<B> {
             self.oversize_segments -= 1;
         }
         self.stats.num_device_free += 1;
+        self.count_release();
         failed.map_or(Ok(()), |e| Err(e.into()))
     }
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::dump_state::{dump_segments, dump_state, granules, RangeSet};
 use super::entries::{parse_entry, Action, Entry, Work};
 use super::release_runs::{classify_run, RunKind};
-use super::{DeviceTrace, ReleaseRuns, SegmentAllocAt};
+use super::{DeviceTrace, ReleaseRuns, RetryRun, SegmentAllocAt};
 use crate::pickle::Value;
 use crate::start_segments::start_segments;
 use crate::{Event, InitialBlock, Recorded, StartState, Trace};
@@ -122,7 +122,10 @@ pub(super) fn device_trace(
                 }
                 RunKind::AllocRetry => {
                     runs.alloc_retry += 1;
-                    retry_runs.push(allocs_seen);
+                    retry_runs.push(RetryRun {
+                        allocs_before: allocs_seen,
+                        segments: (end + 1 - i) as u64,
+                    });
                 }
                 RunKind::BeforeOom => runs.before_oom += 1,
             }
