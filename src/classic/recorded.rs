@@ -21,11 +21,17 @@
 //! So a replay passes, for a call that recorded a new segment, the frees recorded since the
 //! previous call and the number of segments the call released. The port then runs its own
 //! `malloc`: the search sees the cache without those frees (PyTorch's search failed with them
-//! applied, so it fails without them too); every device allocation attempt other than the final
-//! retry is refused until the call has released as many segments as recorded (the recording GPU
-//! was full there, the simulated one is not), so the port's own chain decides *what* to release;
-//! and the frees complete where PyTorch completes pending blocks: at the start of
-//! `release_cached_blocks`, or just before the device allocation when nothing was released.
+//! applied, so it fails without them too: fewer free bytes, never a larger block); the frees
+//! complete as soon as the search has failed, before the garbage collector, the device
+//! allocation and the releases, which need the blocks freed in the ordinary way back in their
+//! pool; and every device allocation attempt other than the final retry is refused until the
+//! call has released as many segments as recorded (the recording GPU was full there, the
+//! simulated one is not), so the port's own chain decides *what* to release.
+//!
+//! Not reproduced: a block pending until the synchronization of `release_cached_blocks` is
+//! back in its pool one step early, during `release_available_cached_blocks` or the collector,
+//! which could then free it (a pending oversize block with `max_split_size` set, or a pending
+//! old large block with the collector on).
 
 use crate::backend::Backend;
 use crate::classic::state::State;

@@ -180,7 +180,7 @@ impl<B: Backend> State<B> {
     /// `release_cached_blocks`: waits for pending frees, then frees every free whole segment,
     /// large pool first, each pool in (stream, size, address) order.
     pub(crate) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
-        // A replayed call's pending frees are the ones this synchronization completes.
+        // A replayed call's frees are done before its first release (its own sync included).
         self.complete_pending()?;
         self.give_back_leftovers()?;
         self.synchronize_and_free_events()?;
@@ -275,6 +275,8 @@ impl<B: Backend> State<B> {
     /// memory, frees the unsplit large blocks that went unused longest (age ≥ the average) until
     /// the excess is reclaimed.
     pub(crate) fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
+        // The first step after a failed search: a replayed call's frees are done by now.
+        self.complete_pending()?;
         let Some(allowed) = self.allowed_memory_maximum else {
             return Ok(());
         };

@@ -295,10 +295,10 @@ impl<B: Backend> State<B> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
+        self.complete_pending()?;
         if self.refuse_device_alloc(is_retry) {
             return Ok(None);
         }
-        self.complete_pending()?;
         if let Some(max) = self.allowed_memory_maximum {
             if self.total_allocated_memory.saturating_add(alloc_size) > max {
                 return Ok(None);
