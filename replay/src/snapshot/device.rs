@@ -64,10 +64,13 @@ pub(super) fn device_trace(
         });
         initial_at.insert(addr, id as u64);
     }
-    let divisions = alloc_conf
-        .as_deref()
-        .and_then(|c| parse_alloc_conf(c).ok())
+    let conf = alloc_conf.as_deref().and_then(|c| parse_alloc_conf(c).ok());
+    let divisions = conf
+        .as_ref()
         .map_or([0; ROUNDUP_INTERVALS], |c| c.roundup_power2_divisions);
+    let max_split = conf
+        .and_then(|c| c.max_split_size)
+        .map(|m| m as u64);
     let live_at_start: Vec<_> = start
         .iter()
         .enumerate()
@@ -88,6 +91,7 @@ pub(super) fn device_trace(
         &segment_events,
         &live_at_start,
         |requested| round_size(requested as usize, &divisions).map_or(requested, |r| r as u64),
+        max_split,
     );
 
     let mut next_id = initial.len() as u64;

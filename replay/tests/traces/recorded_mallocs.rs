@@ -10,8 +10,8 @@
 //! before the `alloc` of the same call. The expected segment sizes come from §1.4–1.7 worked
 //! out in the comments, not from the crate.
 //!
-//! The dump's `segments` list is left empty: every block and segment is allocated inside the
-//! trace, so the state at the start is empty whatever the dump holds.
+//! Where every block and segment is allocated inside the trace, the dump's `segments` list is
+//! left empty: the state at the start is empty whatever the dump holds.
 
 use vmm_replay::faithfulness::{check_classic, ClassicCheck};
 use vmm_replay::pickle::Value;
@@ -62,8 +62,17 @@ fn defaults() -> Value {
 
 /// Checks the snapshot of `entries` recorded under `recorded_settings` on an 80 GiB GPU.
 fn check(entries: Vec<Value>, recorded_settings: Value) -> ClassicCheck {
+    check_with_dump(vec![], entries, recorded_settings)
+}
+
+/// [`check`] with the dump's `segments` list.
+fn check_with_dump(
+    segments: Vec<Value>,
+    entries: Vec<Value>,
+    recorded_settings: Value,
+) -> ClassicCheck {
     let bytes = dumps(&dict(vec![
-        ("segments", list(vec![])),
+        ("segments", list(segments)),
         ("device_traces", list(vec![list(entries)])),
         ("allocator_settings", recorded_settings),
     ]));
@@ -239,4 +248,51 @@ fn max_split_oversize_blocks_serve_within_20_mib() {
     ]);
     let c = check(t, settings("", 64 * MIB, 0.0, 0));
     assert_exact(&c, &[(0, 100 * MIB), (2, 70 * MIB)], 170 * MIB);
+}
+
+/// A dump-time segment of the large pool on stream 0.
+fn segment(addr: i64, total: i64, blocks: Vec<(i64, i64, &str)>) -> Value {
+    let blocks = blocks
+        .into_iter()
+        .scan(addr, |at, (size, requested, state)| {
+            let b = dict(vec![
+                ("address", i(*at)),
+                ("size", i(size)),
+                ("requested_size", i(requested)),
+                ("state", s(state)),
+            ]);
+            *at += size;
+            Some(b)
+        })
+        .collect();
+    dict(vec![
+        ("device", i(0)),
+        ("address", i(addr)),
+        ("total_size", i(total)),
+        ("stream", i(0)),
+        ("segment_type", s("large")),
+        ("blocks", list(blocks)),
+    ])
+}
+
+/// A warm recording with `max_split_size` 64 MiB: before it began, an 85 MiB tensor A was
+/// served whole from a cached 100 MiB oversize segment (within 20 MiB, never split, §1.6–1.7).
+/// The trace allocates C (10 MiB: no free block, a new 10 MiB segment) and frees A; the dump
+/// shows A's segment free. The start state must give A its whole segment: rebuilt as
+/// round_size(85 MiB) = 85 MiB, it would leave a free 15 MiB tail that serves C.
+#[test]
+fn a_warm_oversize_block_is_its_whole_segment() {
+    let (a, c) = (BASE, BASE + GIB);
+    let dump = vec![
+        segment(a, 100 * MIB, vec![(100 * MIB, 0, "inactive")]),
+        segment(c, 10 * MIB, vec![(10 * MIB, 10 * MIB, "active_allocated")]),
+    ];
+    let mut t = vec![
+        e("segment_alloc", c, 10 * MIB, 0),
+        e("alloc", c, 10 * MIB, 0),
+    ];
+    t.extend(free(a, 85 * MIB, 0));
+    let c = check_with_dump(dump, t, settings("max_split_size_mb:64", 64 * MIB, 0.0, 0));
+    // 100 MiB reserved at the start, 110 MiB from C on.
+    assert_exact(&c, &[(0, 10 * MIB)], 110 * MIB);
 }
