@@ -6,9 +6,12 @@
 //!
 //! The replay starts where the program's allocator was (reference `pytorch-allocator.md` §8):
 //! its segments when recording began, rebuilt from the dump with their live blocks placed and the
-//! rest cached ([`DeviceTrace::start_segments`]); and it releases the cache wherever the recorded
-//! allocator did to retry a failed `cudaMalloc` ([`DeviceTrace::retry_runs`]: the recording GPU
-//! was full there, the simulated one is not). Addresses are the simulator's, not the trace's.
+//! rest cached ([`DeviceTrace::start_segments`]). A call that recorded a new segment runs through
+//! [`ClassicAllocator::allocate_as_recorded`]: the frees since the previous call complete after
+//! its search failed (some were pending cross-stream frees that PyTorch completed only inside
+//! that call), and where it released segments first ([`DeviceTrace::retry_runs`]: the recording
+//! GPU was full there, the simulated one is not) the port's own release chain runs until as many
+//! are gone. Addresses are the simulator's, not the trace's.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;

@@ -68,9 +68,7 @@ pub(super) fn device_trace(
     let divisions = conf
         .as_ref()
         .map_or([0; ROUNDUP_INTERVALS], |c| c.roundup_power2_divisions);
-    let max_split = conf
-        .and_then(|c| c.max_split_size)
-        .map(|m| m as u64);
+    let max_split = conf.and_then(|c| c.max_split_size).map(|m| m as u64);
     let live_at_start: Vec<_> = start
         .iter()
         .enumerate()

@@ -113,7 +113,11 @@ fn max_split_retry_frees_only_the_oversize_block() {
     ]);
     let c = check(t, settings("max_split_size_mb:64", 64 * MIB, 0.0, 0));
     // A + B = 130 MiB before A's release; then 30 + 70.
-    assert_exact(&c, &[(0, 100 * MIB), (1, 30 * MIB), (2, 70 * MIB)], 130 * MIB);
+    assert_exact(
+        &c,
+        &[(0, 100 * MIB), (1, 30 * MIB), (2, 70 * MIB)],
+        130 * MIB,
+    );
 }
 
 /// Two streams. X (8 MiB) and W (11 MiB) share a 20 MiB segment on stream 0 (W takes the last
