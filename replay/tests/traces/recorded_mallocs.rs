@@ -15,6 +15,7 @@
 
 use vmm_replay::faithfulness::{check_classic, ClassicCheck};
 use vmm_replay::pickle::Value;
+use vmm_replay::replay::{replay, Policy, ReplayOptions};
 use vmm_replay::snapshot::analyse_snapshot;
 
 use crate::writer::{dict, dumps, i, list, s};
@@ -299,4 +300,37 @@ fn a_warm_oversize_block_is_its_whole_segment() {
     let c = check_with_dump(dump, t, settings("max_split_size_mb:64", 64 * MIB, 0.0, 0));
     // 100 MiB reserved at the start, 110 MiB from C on.
     assert_exact(&c, &[(0, 10 * MIB)], 110 * MIB);
+}
+
+/// `expandable_segments:True` (§2.3): a 30 MiB request creates the stream's segment and maps
+/// the 20 MiB pages covering it (2 pages, 40 MiB), keeping the 10 MiB left as a free block; a
+/// 15 MiB request finds no free block that large, so PyTorch extends that free block by mapping
+/// the next page (20 MiB: 10 + 20 = 30 MiB, split into 15 + 15). The recording shows two
+/// `segment_map`s, 40 and 20 MiB; the pytorch-expandable replay holds the same 60 MiB at its peak
+/// (classic would take a 30 MiB segment and, for 15 MiB ≥ 10 MiB, one rounded to 2 MiB: 16 MiB,
+/// 46 MiB in all, §1.5).
+#[test]
+fn expandable_segments_map_20_mib_pages_at_the_lowest_free_address() {
+    let a = BASE;
+    let t = vec![
+        e("segment_map", a, 40 * MIB, 0),
+        e("alloc", a, 30 * MIB, 0),
+        e("segment_map", a + 40 * MIB, 20 * MIB, 0),
+        e("alloc", a + 30 * MIB, 15 * MIB, 0),
+    ];
+    let bytes = dumps(&dict(vec![
+        ("segments", list(vec![])),
+        ("device_traces", list(vec![list(t)])),
+        (
+            "allocator_settings",
+            settings("expandable_segments:True", -1, 0.0, 0),
+        ),
+    ]));
+    let trace = &analyse_snapshot(&bytes, "expandable").unwrap()[0].trace;
+    assert_eq!(trace.recorded.unwrap().peak_reserved_bytes, 60 * MIB as u64);
+    let opts = ReplayOptions::default();
+    let ours = replay(trace, Policy::PytorchExpandable, &opts).unwrap();
+    assert_eq!(ours.peak_reserved_bytes, 60 * MIB as u64);
+    let classic = replay(trace, Policy::Classic, &opts).unwrap();
+    assert_eq!(classic.peak_reserved_bytes, 46 * MIB as u64);
 }
