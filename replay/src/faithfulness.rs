@@ -6,9 +6,12 @@
 //!
 //! The replay starts where the program's allocator was (reference `pytorch-allocator.md` §8):
 //! its segments when recording began, rebuilt from the dump with their live blocks placed and the
-//! rest cached ([`DeviceTrace::start_segments`]); and it releases the cache wherever the recorded
-//! allocator did to retry a failed `cudaMalloc` ([`DeviceTrace::retry_runs`]: the recording GPU
-//! was full there, the simulated one is not). Addresses are the simulator's, not the trace's.
+//! rest cached ([`DeviceTrace::start_segments`]). A call that recorded a new segment runs through
+//! [`ClassicAllocator::allocate_as_recorded`]: the frees since the previous call complete after
+//! its search failed (some were pending cross-stream frees that PyTorch completed only inside
+//! that call), and where it released segments first ([`DeviceTrace::retry_runs`]: the recording
+//! GPU was full there, the simulated one is not) the port's own release chain runs until as many
+//! are gone. Addresses are the simulator's, not the trace's.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -110,32 +113,61 @@ pub fn check_classic(d: &DeviceTrace, capacity: usize) -> Result<ClassicCheck, A
     alloc.log_segments();
     let mut allocs = 0u64;
     let mut retries = d.retry_runs.iter().peekable();
+    let mut fresh_segments = d.segment_allocs.iter().map(|s| s.allocs_before).peekable();
+    // Frees since the previous call: a call that recorded a new segment completes them after
+    // its search (Note [Recorded mallocs] in the classic allocator).
+    let mut since: Vec<u64> = Vec::new();
+    let flush = |since: &mut Vec<u64>, live: &mut HashMap<u64, Allocation>| {
+        since
+            .drain(..)
+            .try_for_each(|id| live.remove(&id).map_or(Ok(()), |a| alloc.deallocate(a)))
+    };
     for e in &t.events {
         match *e {
             Event::Alloc { id, size, stream } => {
-                while retries.next_if(|&&r| r == allocs).is_some() {
-                    alloc.empty_cache()?;
+                let mut released = 0;
+                while let Some(r) = retries.next_if(|r| r.allocs_before == allocs) {
+                    released += r.segments;
                 }
-                if allocs == 0 {
-                    // The recorded peak counts from the first allocation: a trace may first
-                    // empty a previous run's cache.
-                    alloc.reset_peak_stats();
+                let mut fresh = false;
+                while fresh_segments.next_if(|&n| n == allocs).is_some() {
+                    fresh = true;
                 }
-                allocs += 1;
                 let size = usize::try_from(size).unwrap_or(usize::MAX);
-                live.insert(id, alloc.allocate(size, StreamId::sim(stream))?);
+                let stream = StreamId::sim(stream);
+                let a = if allocs > 0 && (fresh || released > 0) {
+                    let frees = since.drain(..).filter_map(|id| live.remove(&id)).collect();
+                    let released = usize::try_from(released).unwrap_or(usize::MAX);
+                    alloc.allocate_as_recorded(size, stream, frees, released)?
+                } else {
+                    flush(&mut since, &mut live)?;
+                    if released > 0 {
+                        alloc.empty_cache()?;
+                    }
+                    if allocs == 0 {
+                        // The recorded peak counts from the first allocation: a trace may
+                        // first empty a previous run's cache.
+                        alloc.reset_peak_stats();
+                    }
+                    alloc.allocate(size, stream)?
+                };
+                allocs += 1;
+                live.insert(id, a);
             }
-            Event::Free { id } => {
-                if let Some(a) = live.remove(&id) {
-                    alloc.deallocate(a)?;
-                }
+            Event::Free { id } => since.push(id),
+            Event::EmptyCache => {
+                flush(&mut since, &mut live)?;
+                alloc.empty_cache()?;
             }
-            Event::EmptyCache => alloc.empty_cache()?,
             // The recorded allocator released its cache before failing (§1.9); the run of
             // segment frees before the `oom` entry is that release.
-            Event::FailedAlloc { .. } => alloc.empty_cache()?,
+            Event::FailedAlloc { .. } => {
+                flush(&mut since, &mut live)?;
+                alloc.empty_cache()?;
+            }
         }
     }
+    flush(&mut since, &mut live)?;
     Ok(ClassicCheck {
         name: t.name.clone(),
         start: t.start,

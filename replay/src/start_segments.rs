@@ -4,7 +4,7 @@
 //! classic replay seeded with them starts where the program's allocator was, cached free memory
 //! included, instead of from an empty device.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// A segment of the traced allocator when recording began.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -50,13 +50,15 @@ pub(crate) type SegmentEvent = (bool, i128, u64, u64);
 pub(crate) type LiveAtStart = (i128, u64, u64, bool);
 
 /// Rebuilds the start: `round` gives the size of a block from its request where the dump does not
-/// record it (a block freed during the trace). Blocks that fall in no segment are left out (the
-/// replay allocates them normally).
+/// record it (a block freed during the trace), widened where PyTorch cannot have split the
+/// block (see `widen`); `max_split` is the recorded `max_split_size`. Blocks that fall in no
+/// segment are left out (the replay allocates them normally).
 pub(crate) fn start_segments(
     dump: &[DumpSegment],
     events: &[SegmentEvent],
     live: &[LiveAtStart],
     round: impl Fn(u64) -> u64,
+    max_split: Option<u64>,
 ) -> Vec<StartSegment> {
     let mut segs: BTreeMap<i128, (u64, u64, bool)> = dump
         .iter()
@@ -71,6 +73,8 @@ pub(crate) fn start_segments(
         }
     }
     let dump_sizes: HashMap<i128, u64> = dump.iter().flat_map(|s| s.live.clone()).collect();
+    // Blocks whose size is guessed from their request, by (segment index, offset).
+    let mut guessed = HashSet::new();
     let mut out: Vec<StartSegment> = segs
         .iter()
         .map(|(&addr, &(size, stream, small))| StartSegment {
@@ -89,9 +93,9 @@ pub(crate) fn start_segments(
         if offset >= size {
             continue;
         }
-        let block = match dump_sizes.get(&addr) {
-            Some(&s) if live_at_dump => s,
-            _ => round(requested),
+        let (block, known) = match dump_sizes.get(&addr) {
+            Some(&s) if live_at_dump => (s, true),
+            _ => (round(requested), false),
         };
         let index = segs.range(..base).count();
         out[index].blocks.push(StartBlock {
@@ -99,9 +103,42 @@ pub(crate) fn start_segments(
             size: block.min(size - offset),
             id,
         });
+        if !known {
+            guessed.insert((index, offset));
+        }
     }
-    for s in &mut out {
+    for (index, s) in out.iter_mut().enumerate() {
         s.blocks.sort_unstable_by_key(|b| b.offset);
+        if !s.small {
+            widen(s, index, &guessed, max_split);
+        }
     }
     out
+}
+
+/// Gives a large-pool block whose size was guessed from its request the bytes PyTorch cannot
+/// have split off it (reference §1.7): an oversize block (at least `max_split_size`) is never
+/// split, so it runs to the next live block (the end of its segment, as it was served whole);
+/// and every large-pool block is larger than 1 MiB (requests there are, and a split leaves more
+/// than 1 MiB), so free bytes of at most 1 MiB up to the next live block are the tail of this
+/// one, not a block of their own. Left as free blocks, such bytes could serve a request that
+/// PyTorch served from a new segment.
+fn widen(
+    s: &mut StartSegment,
+    index: usize,
+    guessed: &HashSet<(usize, u64)>,
+    max_split: Option<u64>,
+) {
+    for k in 0..s.blocks.len() {
+        let b = s.blocks[k];
+        if !guessed.contains(&(index, b.offset)) {
+            continue;
+        }
+        let next = s.blocks.get(k + 1).map_or(s.size, |n| n.offset);
+        let gap = next.saturating_sub(b.offset + b.size);
+        let oversize = max_split.is_some_and(|m| b.size >= m);
+        if oversize || gap <= 1 << 20 {
+            s.blocks[k].size += gap;
+        }
+    }
 }

@@ -14,6 +14,7 @@
 mod blocks;
 mod check;
 mod device;
+mod recorded;
 mod release;
 mod seed;
 mod state;
@@ -97,6 +98,30 @@ impl<B: Backend> ClassicAllocator<B> {
             crate::stats::PoolKind::Large
         };
         self.state.lock().seed_segment(size, stream, kind, blocks)
+    }
+
+    /// `malloc(size, stream)` as a PyTorch memory snapshot recorded it, for a faithful replay
+    /// of a call that needed a new segment: `frees` (allocations the trace freed since the
+    /// previous call, some of them pending blocks PyTorch completed only inside this call)
+    /// are freed after the search for a cached block, and the device refuses every allocation
+    /// but the final retry until the call has released `released_segments` segments, as the
+    /// recording GPU did. The port's own `malloc` decides what to release (oversize blocks
+    /// first with `max_split_size`, old blocks with the garbage collector, else every free
+    /// segment). The frees happen whatever the outcome. See `classic/recorded.rs`.
+    pub fn allocate_as_recorded(
+        &self,
+        size: usize,
+        stream: StreamId,
+        frees: Vec<Allocation>,
+        released_segments: usize,
+    ) -> Result<Allocation, AllocError> {
+        let pending = frees
+            .into_iter()
+            .map(|a| take_back(self.owner, a))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.state
+            .lock()
+            .malloc_as_recorded(size, stream, pending, released_segments)
     }
 
     /// The device allocations logged since [`ClassicAllocator::log_segments`], each as

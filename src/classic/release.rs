@@ -180,6 +180,8 @@ impl<B: Backend> State<B> {
     /// `release_cached_blocks`: waits for pending frees, then frees every free whole segment,
     /// large pool first, each pool in (stream, size, address) order.
     pub(crate) fn release_cached_blocks(&mut self) -> Result<(), AllocError> {
+        // A replayed call's frees are done before its first release (its own sync included).
+        self.complete_pending()?;
         self.give_back_leftovers()?;
         self.synchronize_and_free_events()?;
         self.release_blocks(PoolKind::Large)?;
@@ -230,6 +232,7 @@ impl<B: Backend> State<B> {
             self.oversize_segments -= 1;
         }
         self.stats.num_device_free += 1;
+        self.count_release();
         failed.map_or(Ok(()), |e| Err(e.into()))
     }
 
@@ -272,6 +275,8 @@ impl<B: Backend> State<B> {
     /// memory, frees the unsplit large blocks that went unused longest (age ≥ the average) until
     /// the excess is reclaimed.
     pub(crate) fn garbage_collect_cached_blocks(&mut self) -> Result<(), AllocError> {
+        // The first step after a failed search: a replayed call's frees are done by now.
+        self.complete_pending()?;
         let Some(allowed) = self.allowed_memory_maximum else {
             return Ok(());
         };

@@ -51,6 +51,8 @@ pub(crate) struct State<B: Backend> {
     pub(crate) segment_log_base: u64,
     /// This allocator's id, stamped on every allocation.
     pub(crate) owner: crate::allocator::AllocatorId,
+    /// The recorded `malloc` being replayed, if any (Note [Recorded mallocs]).
+    pub(crate) replaying: Option<crate::classic::recorded::Replaying>,
 }
 
 /// `max_split_size` as PyTorch holds it: unlimited when unset.
@@ -84,6 +86,7 @@ impl<B: Backend> State<B> {
             segment_log: None,
             segment_log_base: 0,
             owner: crate::allocator::AllocatorId::fresh(),
+            replaying: None,
         })
     }
 
@@ -291,6 +294,10 @@ impl<B: Backend> State<B> {
     ) -> Result<Option<BlockId>, AllocError> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
+        }
+        self.complete_pending()?;
+        if self.refuse_device_alloc(is_retry) {
+            return Ok(None);
         }
         if let Some(max) = self.allowed_memory_maximum {
             if self.total_allocated_memory.saturating_add(alloc_size) > max {

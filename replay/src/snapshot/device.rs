@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::dump_state::{dump_segments, dump_state, granules, RangeSet};
 use super::entries::{parse_entry, Action, Entry, Work};
 use super::release_runs::{classify_run, RunKind};
-use super::{DeviceTrace, ReleaseRuns, SegmentAllocAt};
+use super::{DeviceTrace, ReleaseRuns, RetryRun, SegmentAllocAt};
 use crate::pickle::Value;
 use crate::start_segments::start_segments;
 use crate::{Event, InitialBlock, Recorded, StartState, Trace};
@@ -64,10 +64,11 @@ pub(super) fn device_trace(
         });
         initial_at.insert(addr, id as u64);
     }
-    let divisions = alloc_conf
-        .as_deref()
-        .and_then(|c| parse_alloc_conf(c).ok())
+    let conf = alloc_conf.as_deref().and_then(|c| parse_alloc_conf(c).ok());
+    let divisions = conf
+        .as_ref()
         .map_or([0; ROUNDUP_INTERVALS], |c| c.roundup_power2_divisions);
+    let max_split = conf.and_then(|c| c.max_split_size).map(|m| m as u64);
     let live_at_start: Vec<_> = start
         .iter()
         .enumerate()
@@ -88,6 +89,7 @@ pub(super) fn device_trace(
         &segment_events,
         &live_at_start,
         |requested| round_size(requested as usize, &divisions).map_or(requested, |r| r as u64),
+        max_split,
     );
 
     let mut next_id = initial.len() as u64;
@@ -126,7 +128,10 @@ pub(super) fn device_trace(
                 }
                 RunKind::AllocRetry => {
                     runs.alloc_retry += 1;
-                    retry_runs.push(allocs_seen);
+                    retry_runs.push(RetryRun {
+                        allocs_before: allocs_seen,
+                        segments: (end + 1 - i) as u64,
+                    });
                 }
                 RunKind::BeforeOom => runs.before_oom += 1,
             }

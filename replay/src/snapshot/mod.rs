@@ -86,9 +86,20 @@ pub struct DeviceTrace {
     pub segment_allocs: Vec<SegmentAllocAt>,
     /// The traced allocator's segments when recording began, with the blocks live in them.
     pub start_segments: Vec<StartSegment>,
-    /// Where the traced allocator released its cache to retry a failed `cudaMalloc` (runs of
-    /// [`ReleaseRuns::alloc_retry`]): the number of `alloc` entries before each run.
-    pub retry_runs: Vec<u64>,
+    /// Where the traced allocator released cached segments to retry a failed `cudaMalloc`
+    /// (runs of [`ReleaseRuns::alloc_retry`]), in order.
+    pub retry_runs: Vec<RetryRun>,
+}
+
+/// A run of segment releases inside one `malloc` that then allocated a new segment: PyTorch's
+/// release-and-retry after a failed `cudaMalloc` (all free segments, or only oversize blocks
+/// with `max_split_size`), or its garbage collector.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RetryRun {
+    /// `alloc` entries before the run: the call that released is that allocation ordinal.
+    pub allocs_before: u64,
+    /// Segments the run released.
+    pub segments: u64,
 }
 
 /// One recorded `segment_alloc` (a `cudaMalloc` of the traced program's allocator).

@@ -113,3 +113,40 @@ fn check_classic_needs_snapshots() {
         stderr(&o)
     );
 }
+
+/// A snapshot recorded with history off (segments, no trace entries) has no `cudaMalloc` to
+/// compare: `--check-classic` says so and fails, rather than "0 of 0 reproduced" and success.
+#[test]
+fn check_classic_with_nothing_to_check_is_an_error() {
+    let base = 0x7f00_0000_0000u64;
+    let seg = dict(vec![
+        ("device", int(0)),
+        ("address", int(base)),
+        ("total_size", int(20 * MIB)),
+        ("stream", int(0)),
+        ("segment_type", Value::Str("large".into())),
+        (
+            "blocks",
+            list(vec![dict(vec![
+                ("address", int(base)),
+                ("size", int(20 * MIB)),
+                ("requested_size", int(20 * MIB)),
+                ("state", Value::Str("active_allocated".into())),
+            ])]),
+        ),
+    ]);
+    let root = dict(vec![
+        ("segments", list(vec![seg])),
+        ("device_traces", list(vec![list(vec![])])),
+    ]);
+    let state_only = file("check-empty", "state.pickle", &dumps(&root).unwrap());
+    let o = vmm_replay(&["--check-classic", state_only.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("nothing to check"),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    assert!(!stdout(&o).contains("0 of 0"), "{}", stdout(&o));
+}

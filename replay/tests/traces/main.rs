@@ -5,6 +5,7 @@
 mod dump;
 mod pickle_hostile;
 mod pickle_values;
+mod recorded_mallocs;
 mod snapshot_claims;
 mod snapshot_synthetic;
 mod writer;
