@@ -14,13 +14,10 @@
 //! cache, so its regrowth is its cold growth) and `classic` (one `cudaMalloc`-style segment per 64 MiB
 //! request; after `empty_cache` it has nothing to reuse either). Driver calls per phase are
 //! printed once, outside timing, before the timed runs, and written to
-//! `<target>/bench-extra/growth.json`. The code is in `common/growth.rs`, shared with `gpu.rs`.
+//! `<target>/bench-extra/growth.json`. The code is in `vmm_dev_support::bench_growth`, shared with `gpu.rs`.
 //! Names: `growth/<N>GiB/<case>`.
 
-#[path = "common/extra.rs"]
-mod extra;
-#[path = "common/growth.rs"]
-mod growth;
+use vmm_dev_support::{bench_extra as extra, bench_growth as growth};
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use extra::Json;

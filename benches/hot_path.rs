@@ -15,14 +15,11 @@
 //! policies fill `stats().calls`; classic's pairs are not checked this way.)
 //!
 //! All three allocators run in the same process, so their ratios hold on a noisy machine.
-//! The measurement is in `common/hot.rs` (shared with `gpu.rs`); the pairs that reached the
+//! The measurement is in `vmm_dev_support::bench_hot` (shared with `gpu.rs`); the pairs that reached the
 //! driver, if any, go to `<target>/bench-extra/hot_path.json`.
 //! Names: `hot_path/<allocator>/<size>/live<count>`.
 
-#[path = "common/extra.rs"]
-mod extra;
-#[path = "common/hot.rs"]
-mod hot;
+use vmm_dev_support::{bench_extra as extra, bench_hot as hot};
 
 use std::time::Duration;
 

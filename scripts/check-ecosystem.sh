@@ -2,13 +2,16 @@
 # Does vmm-alloc build beside the rest of the CUDA Rust ecosystem? (issue 17, part 1)
 #
 # `cargo check`s, all in one shared target dir (target/ecosystem), no CUDA needed:
-#   1. vmm-alloc alone with each CUDA-version feature it passes through to cudarc, and with none;
-#   2. small crates made in a temp dir that depend on vmm-alloc by path AND on cudarc the way
-#      real users do (cudarc's defaults + a version, candle's `dynamic-linking` +
+#   1. vmm-alloc alone, with no CUDA version asked for (cudarc's fallback);
+#   2. for each CUDA version cudarc 0.19 knows, a small crate made in a temp dir that depends on
+#      vmm-alloc by path and picks that version with its own cudarc line, the one documented way
+#      (README, "From Rust with cudarc": vmm-alloc has no version features; cargo unifies);
+#   3. such crates that depend on cudarc the way real users do
+#      (cudarc's defaults + a version, candle's `dynamic-linking` +
 #      `cuda-version-from-build-system`, a linked build with a pinned version, the 13.2+
 #      `CUmemLocation` union), and hand a `CudaStream` of their cudarc to our `DeviceBuffer`, so
 #      both name the same cudarc.
-# Usage: scripts/check-ecosystem.sh [--quick]   (--quick: one 12.x and one 13.2+ version in step 1)
+# Usage: scripts/check-ecosystem.sh [--quick]   (--quick: one 12.x and one 13.2+ version in step 2)
 # Exit code: 0 when every build passes; 1 otherwise, after a summary naming each failure.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -35,10 +38,6 @@ run() { # name, then the command
 cd "$ROOT"
 run "vmm-alloc, no CUDA-version feature (cudarc's fallback)" \
     cargo check --lib --no-default-features --features cuda --target-dir "$TARGET"
-for v in "${VERSIONS[@]}"; do
-    run "vmm-alloc --features cuda-$v" \
-        cargo check --lib --no-default-features --features "cuda-$v" --target-dir "$TARGET"
-done
 
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -75,6 +74,9 @@ RS
     run "user crate $1: cudarc = $2" \
         cargo check --manifest-path "$dir/Cargo.toml" --target-dir "$TARGET"
 }
+for v in "${VERSIONS[@]}"; do
+    user_crate "picks-$v" "{ version = \"$CUDARC\", default-features = false, features = [\"std\", \"driver\", \"cuda-$v\"] }"
+done
 user_crate plain-defaults-12080 "{ version = \"$CUDARC\", features = [\"cuda-12080\"] }"
 user_crate plain-defaults-13000 "{ version = \"$CUDARC\", features = [\"cuda-13000\"] }"
 user_crate union-13020 "{ version = \"$CUDARC\", default-features = false, features = [\"std\", \"driver\", \"dynamic-loading\", \"cuda-13020\"] }"

@@ -15,8 +15,9 @@
 # GiB vs the raw driver loop, hot path vs cuMemAllocAsync, replay of the largest shared trace), and
 # python/tests/gpu/run.sh when the Python package provides it (else "not present").
 #
-# VMM_FEATURES=cuda-13000 (say) builds with that CUDA-version feature instead of cudarc's fallback
-# (nvcc's version, else 13.4), e.g. if a driver older than the bindings lacks a symbol.
+# VMM_CUDA_VERSION=13000 (say) builds with cudarc's `cuda-13000` bindings (`--features
+# cudarc/cuda-13000`, the command-line form of a user's own cudarc line) instead of cudarc's
+# fallback (nvcc's version, else 13.4), e.g. if a driver older than the bindings lacks a symbol.
 #
 # Exit codes: 0 everything passed; 1 a step failed (GPU.md says which and why); 2 bad arguments or
 # a broken bundle; 3 no GPU here (GPU.md says so; nothing was run).
@@ -52,7 +53,7 @@ build() {
     cd "$ROOT" || exit 2
     local json features=()
     json="$(mktemp)"
-    [[ -n "${VMM_FEATURES:-}" ]] && features=(--features "$VMM_FEATURES")
+    [[ -n "${VMM_CUDA_VERSION:-}" ]] && features=(--features "cudarc/cuda-$VMM_CUDA_VERSION")
     echo "gpu-validate: building (cargo, release)..."
     if ! cargo test --release --no-run --message-format=json-render-diagnostics "${features[@]}" \
         --test conformance --test cuda_buffer >"$json" ||
@@ -95,7 +96,7 @@ build() {
     cp "$0" "$dir/gpu-validate.sh"
     {
         echo "commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
-        echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -srm), $(rustc --version 2>/dev/null), features: ${VMM_FEATURES:-default, CUDA version from the cudarc fallback}"
+        echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -srm), $(rustc --version 2>/dev/null), CUDA bindings: ${VMM_CUDA_VERSION:-cudarc fallback (nvcc, else 13.4)}"
         if [[ -n "$largest" ]]; then
             echo "trace $(basename "$largest")"
         else

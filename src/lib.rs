@@ -82,7 +82,8 @@ pub use backend::HostBackend;
 pub use backend::{Backend, BackendError, BackendErrorKind, SimBackend};
 /// The cudarc this crate is built against: name its types through this path (`vmm_alloc::cudarc`)
 /// so they are the very ones [`DeviceBuffer`] implements cudarc's
-/// traits for.
+/// traits for. Its CUDA version is the one any crate of the build asks cudarc for (yours:
+/// `cudarc = { version = "0.19", features = ["cuda-12080"] }`), else `nvcc`'s, else 13.4.
 #[cfg(feature = "cuda")]
 pub use cudarc;
 pub use units::{DevAddr, VaRange};

@@ -1,6 +1,6 @@
 //! Operation sequences with backend faults injected, for any [`Allocator`] on Sim or Host.
 //!
-//! The reference models (tests/all/model, tests/all/classic_model) predict exact placements and
+//! The reference models (`vmm_alloc::testkit::expandable_model`, `classic_model`) predict exact placements and
 //! stats, which a fault makes unpredictable: an allocation may fail with a driver error, a free
 //! may fail to record its events, `empty_cache` may stop half-way. So this driver checks what
 //! must hold whatever fails: a failed call returns an error (never a panic) and changes nothing

@@ -15,9 +15,6 @@ mod config;
 mod expandable;
 mod faults;
 mod heap;
-/// PyTorch's rounding rule as the models state it, apart from the crate's.
-#[path = "../../tests/all/pytorch_rounding.rs"]
-mod pytorch_rounding;
 mod readers;
 mod runner;
 mod sequence;

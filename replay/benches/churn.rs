@@ -9,9 +9,8 @@
 //! to `<target>/bench-extra/churn.json`.
 //! Names: `churn/<allocator>/max<M>MiB/ops<N>`.
 
-// The library's bench helpers (benches/common/): one copy for both crates.
-#[path = "../../benches/common/extra.rs"]
-mod extra;
+// The bench helpers shared with the library's benches.
+use vmm_dev_support::bench_extra as extra;
 
 use std::time::Duration;
 

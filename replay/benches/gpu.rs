@@ -29,11 +29,8 @@
 //! What each run needed (OOMs, peaks), the device and the skipped parts go to
 //! `<target>/bench-extra/gpu.json`; the skip reason alone when skipped.
 
-// The library's bench helpers (benches/common/): one copy for both crates.
-#[path = "../../benches/common/extra.rs"]
-mod extra;
-
-use extra::Json;
+// The bench helpers shared with the library's benches.
+use vmm_dev_support::bench_extra::{self as extra, Json};
 
 /// Prints the skip line and records it for the report.
 fn skip(why: &str) {
@@ -58,14 +55,7 @@ fn main() {
 }
 
 #[cfg(feature = "cuda")]
-#[path = "../../benches/common/growth.rs"]
-mod growth;
-#[cfg(feature = "cuda")]
-#[path = "../../benches/common/hot.rs"]
-mod hot;
-#[cfg(feature = "cuda")]
-#[path = "common/shared_trace.rs"]
-mod shared_trace;
+use vmm_dev_support::{bench_growth as growth, bench_hot as hot, shared_trace};
 
 #[cfg(feature = "cuda")]
 mod cuda {

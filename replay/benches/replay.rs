@@ -9,11 +9,8 @@
 //! `<target>/bench-extra/replay.json`.
 //! Names: `replay/<allocator>/<trace>`.
 
-// The library's bench helpers (benches/common/): one copy for both crates.
-#[path = "../../benches/common/extra.rs"]
-mod extra;
-#[path = "common/shared_trace.rs"]
-mod shared_trace;
+// The bench helpers shared with the library's benches, and the shared trace.
+use vmm_dev_support::{bench_extra as extra, shared_trace};
 
 use std::time::Duration;
 

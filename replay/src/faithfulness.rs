@@ -20,7 +20,7 @@ use crate::replay::Policy;
 use crate::snapshot::DeviceTrace;
 use crate::{Event, StartState};
 use vmm_alloc::backend::{SimBackend, SimConfig};
-use vmm_alloc::classic::ClassicAllocator;
+use vmm_alloc::classic::{ClassicAllocator, SeedBlock};
 use vmm_alloc::error::AllocError;
 use vmm_alloc::{Allocation, Allocator, StreamId};
 
@@ -95,7 +95,7 @@ pub fn check_classic(d: &DeviceTrace, capacity: usize) -> Result<ClassicCheck, A
             .iter()
             .map(|b| {
                 let asked = requested.get(&b.id).copied().unwrap_or(b.size);
-                (b.offset as usize, b.size as usize, asked as usize)
+                SeedBlock::new(b.offset as usize, b.size as usize, asked as usize)
             })
             .collect();
         let stream = StreamId::sim(seg.stream);

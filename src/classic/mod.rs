@@ -82,8 +82,8 @@ impl<B: Backend> ClassicAllocator<B> {
     }
 
     /// Starts from a recorded state: one device allocation of `size` bytes on `stream` in the
-    /// small or large pool, with `blocks` (offset, block size, bytes requested; sorted, disjoint,
-    /// multiples of 512) allocated in it and the gaps cached as free blocks, as a traced program's
+    /// small or large pool, with `blocks` (sorted by offset, disjoint, multiples of 512)
+    /// allocated in it and the gaps cached as free blocks, as a traced program's
     /// allocator had them. Returns the allocations in the order given; on error nothing changed.
     pub fn seed_segment(
         &self,

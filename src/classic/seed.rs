@@ -8,8 +8,29 @@ use crate::config::MIN_BLOCK_SIZE;
 use crate::error::AllocError;
 use crate::stats::PoolKind;
 
-/// A live block to place: (offset in the segment, block size, bytes requested).
-pub type SeedBlock = (usize, usize, usize);
+/// A live block to place in a seeded segment ([`ClassicAllocator::seed_segment`]).
+///
+/// [`ClassicAllocator::seed_segment`]: crate::classic::ClassicAllocator::seed_segment
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeedBlock {
+    /// Where the block starts, in bytes from the segment's start (a multiple of 512).
+    pub offset: usize,
+    /// The block's size (a multiple of 512, not 0).
+    pub size: usize,
+    /// The bytes the program asked for (at most `size`), as its allocation reports them.
+    pub requested: usize,
+}
+
+impl SeedBlock {
+    /// A block of `size` bytes at `offset` in the segment, of which `requested` were asked for.
+    pub const fn new(offset: usize, size: usize, requested: usize) -> Self {
+        Self {
+            offset,
+            size,
+            requested,
+        }
+    }
+}
 
 impl<B: Backend> State<B> {
     /// Allocates a segment of `size` bytes (one device allocation) and marks `blocks` in it
@@ -24,7 +45,12 @@ impl<B: Backend> State<B> {
         blocks: &[SeedBlock],
     ) -> Result<Vec<crate::Allocation>, AllocError> {
         let mut cursor = 0usize;
-        for &(offset, len, requested) in blocks {
+        for &SeedBlock {
+            offset,
+            size: len,
+            requested,
+        } in blocks
+        {
             let aligned =
                 offset.is_multiple_of(MIN_BLOCK_SIZE) && len.is_multiple_of(MIN_BLOCK_SIZE);
             if !aligned || len == 0 || offset < cursor || requested > len || offset + len > size {
@@ -42,7 +68,12 @@ impl<B: Backend> State<B> {
         // The pieces in address order: (offset, size, Some(requested) when live).
         let mut pieces: Vec<(usize, usize, Option<usize>)> = Vec::new();
         let mut at = 0;
-        for &(offset, len, requested) in blocks {
+        for &SeedBlock {
+            offset,
+            size: len,
+            requested,
+        } in blocks
+        {
             if offset > at {
                 pieces.push((at, offset - at, None));
             }

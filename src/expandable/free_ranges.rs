@@ -4,7 +4,7 @@
 
 use crate::backend::Backend;
 use crate::expandable::pieces::{Kind, PieceId, NIL};
-use crate::expandable::segment::{FreeChunk, Segment};
+use crate::expandable::segment::{FreeChunk, Segment, SegmentKey};
 use crate::expandable::size_index::FreeRange;
 use crate::expandable::state::State;
 
@@ -65,7 +65,7 @@ impl<B: Backend> State<B> {
 
     /// Maps the tiling of `seg` over `[at, at + len)`, which lies in one gap piece: the range
     /// becomes free (merged with its free neighbours), and the merged free piece is returned.
-    pub(crate) fn gap_to_free(&mut self, seg: u64, at: u64, len: usize) -> Option<PieceId> {
+    pub(crate) fn gap_to_free(&mut self, seg: SegmentKey, at: u64, len: usize) -> Option<PieceId> {
         let s = self.segments.get_mut(&seg)?;
         let slot = s.slot;
         let g = s.gap_before(at)?;
@@ -92,7 +92,7 @@ impl<B: Backend> State<B> {
     /// what precedes it, if anything, becomes a new free piece, returned.
     pub(crate) fn free_to_gap(
         &mut self,
-        seg: u64,
+        seg: SegmentKey,
         id: PieceId,
         at: u64,
         len: usize,

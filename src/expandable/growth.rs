@@ -35,7 +35,7 @@
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
 use crate::error::BackendError;
 use crate::expandable::pieces::{Kind, PieceId};
-use crate::expandable::segment::{Chunk, FreeChunk, Segment};
+use crate::expandable::segment::{Chunk, FreeChunk, Segment, SegmentKey};
 use crate::expandable::size_index::StreamPool;
 use crate::expandable::state::State;
 use crate::mechanism::counters::track;
@@ -46,7 +46,7 @@ use crate::units::DevAddr;
 /// Where a growth goes: the segment, the block's start (and the free piece that starts there,
 /// ending where the hole begins, if any), and the hole mapped from.
 struct Target {
-    seg: u64,
+    seg: SegmentKey,
     start: u64,
     before: Option<PieceId>,
     hole_start: u64,
@@ -169,7 +169,8 @@ impl<B: Backend> State<B> {
     /// hole there is mapped.
     fn find_target(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<Target> {
         let slot = self.index.find(StreamPool { stream, pool })?;
-        for &(_, key) in self.segments_by_slot.range((slot, 0)..=(slot, u64::MAX)) {
+        let all = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
+        for &(_, key) in self.segments_by_slot.range(all) {
             let seg = &self.segments[&key];
             for (h_start, h_end) in seg.holes() {
                 // The hole lies in one gap piece (gaps are merged), whose neighbours may be free.
@@ -214,19 +215,19 @@ impl<B: Backend> State<B> {
             CallKind::Reserve,
             self.backend.reserve(va_len),
         )?;
-        let key = va.start.get();
+        let key = SegmentKey::of(&va);
         let slot = self.index.slot(StreamPool { stream, pool });
-        let tail = self.pieces.new_tiling(key, va.len);
+        let tail = self.pieces.new_tiling(key.start(), va.len);
         self.segments
             .insert(key, Segment::new(va, stream, pool, slot, tail));
         self.segments_by_slot.insert((slot, key));
         self.stats.segment.increase(pool, 1);
         Ok(Target {
             seg: key,
-            start: key,
+            start: key.start(),
             before: None,
-            hole_start: key,
-            hole_end: key + va_len as u64,
+            hole_start: key.start(),
+            hole_end: key.start() + va_len as u64,
             new_segment: true,
         })
     }
@@ -256,10 +257,10 @@ impl<B: Backend> State<B> {
         &mut self,
         want: usize,
         room: usize,
-        exclude: (u64, u64, u64),
+        exclude: (SegmentKey, u64, u64),
         held: usize,
         pressured: bool,
-        harvest: &mut Option<Vec<(u64, FreeChunk)>>,
+        harvest: &mut Option<Vec<(SegmentKey, FreeChunk)>>,
     ) -> Result<(PhysHandle, usize, bool), GrowFail> {
         loop {
             if let Some((h, len)) = self.cache.take(want, room) {
@@ -315,10 +316,10 @@ impl<B: Backend> State<B> {
     /// With `quiet_only`, only chunks whose stream needs no synchronization are taken.
     fn harvest_one(
         &mut self,
-        exclude: (u64, u64, u64),
+        exclude: (SegmentKey, u64, u64),
         want: usize,
         quiet_only: bool,
-        listed: &mut Option<Vec<(u64, FreeChunk)>>,
+        listed: &mut Option<Vec<(SegmentKey, FreeChunk)>>,
     ) -> Result<bool, GrowFail> {
         let cands = match listed {
             Some(c) => c,
@@ -327,7 +328,7 @@ impl<B: Backend> State<B> {
         let segments = &self.segments;
         // In the headroom (`quiet_only`): a chunk that needs no synchronization and no larger
         // than the growth needs, so remapping never maps a page's unused tail.
-        let fits = |seg: &u64, c: &FreeChunk| {
+        let fits = |seg: &SegmentKey, c: &FreeChunk| {
             !quiet_only || (c.chunk.len <= want && !self.needs_sync(segments[seg].stream))
         };
         let best = cands
@@ -357,7 +358,7 @@ impl<B: Backend> State<B> {
     }
 
     /// Every fully-free chunk of every segment, outside `exclude` = (segment, from, to).
-    fn harvest_candidates(&self, exclude: (u64, u64, u64)) -> Vec<(u64, FreeChunk)> {
+    fn harvest_candidates(&self, exclude: (SegmentKey, u64, u64)) -> Vec<(SegmentKey, FreeChunk)> {
         let (ex_seg, ex_from, ex_to) = exclude;
         let mut out = Vec::new();
         for (&key, seg) in &self.segments {

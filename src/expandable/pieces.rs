@@ -15,11 +15,26 @@
 //! while allocations are carved from its front, and unmapping chunks of one free range in
 //! address order never invalidates the index of the range the next chunk lies in.
 
-/// The index of a piece in the arena.
-pub(crate) type PieceId = u32;
+/// The index of a piece in the arena. Only the arena makes one (its field is private to this
+/// module), so an id is one the arena handed out, [`NIL`], or the search key
+/// [`PieceId::LEAST`]; as cheap as the `u32` it wraps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct PieceId(u32);
 
 /// No piece: the neighbour of a segment's first or last piece.
-pub(crate) const NIL: PieceId = u32::MAX;
+pub(crate) const NIL: PieceId = PieceId(u32::MAX);
+
+impl PieceId {
+    /// The least id in their order: a search key that sorts before every real range of the same
+    /// length and start (two ranges never share a start, so the id never decides: `FreeRange`).
+    pub(crate) const LEAST: PieceId = PieceId(0);
+
+    /// The node's position in the arena.
+    #[inline]
+    fn index(self) -> usize {
+        self.0 as usize
+    }
+}
 
 /// What a piece of a segment holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,27 +72,27 @@ pub(crate) struct Pieces {
 
 impl Pieces {
     pub(crate) fn get(&self, id: PieceId) -> &Piece {
-        &self.nodes[id as usize]
+        &self.nodes[id.index()]
     }
 
     /// The piece's kind, or `None` for `NIL`.
     pub(crate) fn kind(&self, id: PieceId) -> Option<Kind> {
-        (id != NIL).then(|| self.nodes[id as usize].kind)
+        (id != NIL).then(|| self.nodes[id.index()].kind)
     }
 
     pub(crate) fn set_kind(&mut self, id: PieceId, kind: Kind) {
-        self.nodes[id as usize].kind = kind;
+        self.nodes[id.index()].kind = kind;
     }
 
     fn alloc(&mut self, piece: Piece) -> PieceId {
         match self.vacant.pop() {
             Some(id) => {
-                self.nodes[id as usize] = piece;
+                self.nodes[id.index()] = piece;
                 id
             }
             None => {
                 self.nodes.push(piece);
-                (self.nodes.len() - 1) as PieceId
+                PieceId((self.nodes.len() - 1) as u32)
             }
         }
     }
@@ -97,7 +112,7 @@ impl Pieces {
     /// Splits piece `id` at `at`, strictly inside it: a new piece of the same kind takes the front
     /// `[start, at)` and is returned; `id` keeps the back.
     pub(crate) fn split_front(&mut self, id: PieceId, at: u64) -> PieceId {
-        let p = self.nodes[id as usize];
+        let p = self.nodes[id.index()];
         debug_assert!(p.start < at && at < p.end(), "split outside the piece");
         let front = self.alloc(Piece {
             start: p.start,
@@ -107,9 +122,9 @@ impl Pieces {
             kind: p.kind,
         });
         if p.prev != NIL {
-            self.nodes[p.prev as usize].next = front;
+            self.nodes[p.prev.index()].next = front;
         }
-        let back = &mut self.nodes[id as usize];
+        let back = &mut self.nodes[id.index()];
         back.prev = front;
         back.start = at;
         back.len = (p.end() - at) as usize;
@@ -119,15 +134,15 @@ impl Pieces {
     /// Merges piece `id` into the piece after it, which grows to cover both and is returned;
     /// `id` is released. The caller has checked both are of one kind.
     pub(crate) fn merge_into_next(&mut self, id: PieceId) -> PieceId {
-        let p = self.nodes[id as usize];
+        let p = self.nodes[id.index()];
         let next = p.next;
         debug_assert!(next != NIL, "merging the last piece forward");
-        let n = &mut self.nodes[next as usize];
+        let n = &mut self.nodes[next.index()];
         n.start = p.start;
         n.len += p.len;
         n.prev = p.prev;
         if p.prev != NIL {
-            self.nodes[p.prev as usize].next = next;
+            self.nodes[p.prev.index()].next = next;
         }
         self.vacant.push(id);
         next
@@ -139,7 +154,7 @@ impl Pieces {
         let mut id = tail;
         while id != NIL {
             out.push(id);
-            id = self.nodes[id as usize].prev;
+            id = self.nodes[id.index()].prev;
         }
         out.reverse();
         out
@@ -150,7 +165,7 @@ impl Pieces {
         let mut id = tail;
         while id != NIL {
             self.vacant.push(id);
-            id = self.nodes[id as usize].prev;
+            id = self.nodes[id.index()].prev;
         }
     }
 

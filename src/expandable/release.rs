@@ -4,7 +4,7 @@
 use crate::backend::{Backend, CallKind, PhysHandle};
 use crate::error::{AllocError, BackendError};
 use crate::expandable::pieces::PieceId;
-use crate::expandable::segment::{Chunk, FreeChunk};
+use crate::expandable::segment::{Chunk, FreeChunk, SegmentKey};
 use crate::expandable::state::State;
 use crate::mechanism::counters::track;
 use crate::mechanism::deferred::Leftover;
@@ -23,7 +23,7 @@ impl<B: Backend> State<B> {
         self.process_events(true)?;
         // What the driver refused before is tried again; what it refuses again stays deferred.
         let _ = self.retry_deferred();
-        let keys: Vec<u64> = self.segments.keys().copied().collect();
+        let keys: Vec<SegmentKey> = self.segments.keys().copied().collect();
         for seg in keys {
             self.unmap_stuck(seg)?;
             let chunks = self.free_chunks(&self.segments[&seg]);
@@ -79,7 +79,7 @@ impl<B: Backend> State<B> {
 
     /// Tries again to unmap the chunks of `seg` a rollback left mapped (Note [Stuck chunks] in
     /// `growth.rs`). No sync: no block was ever carved from them, so no queued work uses them.
-    fn unmap_stuck(&mut self, seg: u64) -> Result<(), BackendError> {
+    fn unmap_stuck(&mut self, seg: SegmentKey) -> Result<(), BackendError> {
         while let Some((&at, &chunk)) = self.segments[&seg].stuck.first_key_value() {
             let unmapped = self.backend.unmap(DevAddr::new(at), chunk.len);
             track(&mut self.stats, CallKind::Unmap, unmapped)?;
@@ -103,7 +103,7 @@ impl<B: Backend> State<B> {
     /// Returns the new free piece before the chunk, if its piece was split (`free_to_gap`).
     pub(crate) fn unmap_chunk(
         &mut self,
-        seg: u64,
+        seg: SegmentKey,
         free: FreeChunk,
     ) -> Result<Option<PieceId>, BackendError> {
         let FreeChunk { at, chunk, piece } = free;
@@ -122,7 +122,7 @@ impl<B: Backend> State<B> {
         Ok(front)
     }
 
-    fn free_segment(&mut self, seg: u64) -> Result<(), BackendError> {
+    fn free_segment(&mut self, seg: SegmentKey) -> Result<(), BackendError> {
         let va = self.segments[&seg].va;
         track(
             &mut self.stats,

@@ -23,6 +23,35 @@ use crate::expandable::pieces::PieceId;
 use crate::stats::PoolKind;
 use crate::units::VaRange;
 
+/// The key of a segment among the allocator's segments: the start of its reservation. Its field
+/// is private to this module, so a block's address or an offset cannot stand in for one: a key
+/// comes from a segment's reservation ([`SegmentKey::of`]), or is a search bound built from an
+/// address on purpose ([`SegmentKey::search`]). As cheap as the `u64` it wraps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct SegmentKey(u64);
+
+impl SegmentKey {
+    /// The least and greatest keys: bounds of a range over every segment.
+    pub(crate) const MIN: SegmentKey = SegmentKey(0);
+    pub(crate) const MAX: SegmentKey = SegmentKey(u64::MAX);
+
+    /// The key of the segment reserved at `va`.
+    pub(crate) fn of(va: &VaRange) -> Self {
+        Self(va.start.get())
+    }
+
+    /// A bound for a range search: the segment that may hold `addr` is the last key at or below
+    /// it.
+    pub(crate) const fn search(addr: u64) -> Self {
+        Self(addr)
+    }
+
+    /// The segment's start address.
+    pub(crate) const fn start(self) -> u64 {
+        self.0
+    }
+}
+
 /// A handle mapped whole at one address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Chunk {

@@ -136,7 +136,7 @@ impl SizeIndex {
     #[inline]
     pub(crate) fn best_fit(&self, len: usize) -> Option<FreeRange> {
         let c = class_of(len);
-        if let Some(found) = self.bins[c].first_from(&FreeRange::new(len, 0, 0)) {
+        if let Some(found) = self.bins[c].first_from(&FreeRange::new(len, 0, PieceId::LEAST)) {
             return Some(found);
         }
         let higher = self.next_nonempty(c + 1)?;
@@ -243,27 +243,30 @@ mod tests {
     #[test]
     fn replace_keeps_the_order_whether_or_not_the_rank_changes() {
         let mut ix = SizeIndex::default();
-        for (i, at) in [0x1000u64, 0x3000, 0x5000].into_iter().enumerate() {
-            ix.insert(FreeRange::new(4096, at, i as PieceId));
+        // Three pieces from an arena: ids as the allocator has them.
+        let mut arena = crate::expandable::pieces::Pieces::default();
+        let id: Vec<PieceId> = (0..3).map(|i| arena.new_tiling(i << 20, 4096)).collect();
+        for (&piece, at) in id.iter().zip([0x1000u64, 0x3000, 0x5000]) {
+            ix.insert(FreeRange::new(4096, at, piece));
         }
         // Same rank: replaced where it stands.
         ix.replace(
-            FreeRange::new(4096, 0x3000, 1),
-            FreeRange::new(4096, 0x3200, 1),
+            FreeRange::new(4096, 0x3000, id[1]),
+            FreeRange::new(4096, 0x3200, id[1]),
         );
         assert!(
-            ix.contains(FreeRange::new(4096, 0x3200, 1))
-                && !ix.contains(FreeRange::new(4096, 0x3000, 1))
+            ix.contains(FreeRange::new(4096, 0x3200, id[1]))
+                && !ix.contains(FreeRange::new(4096, 0x3000, id[1]))
         );
         // A new rank in the same class, then another class.
         ix.replace(
-            FreeRange::new(4096, 0x5000, 2),
-            FreeRange::new(4096, 0x0200, 2),
+            FreeRange::new(4096, 0x5000, id[2]),
+            FreeRange::new(4096, 0x0200, id[2]),
         );
         assert_eq!(fit(&ix, 4096), Some((4096, 0x0200)));
         ix.replace(
-            FreeRange::new(4096, 0x0200, 2),
-            FreeRange::new(1 << 20, 0x0200, 2),
+            FreeRange::new(4096, 0x0200, id[2]),
+            FreeRange::new(1 << 20, 0x0200, id[2]),
         );
         assert_eq!(fit(&ix, 4096), Some((4096, 0x1000)));
         assert_eq!(fit(&ix, 4097), Some((1 << 20, 0x0200)));
@@ -273,9 +276,9 @@ mod tests {
         assert_eq!(
             all,
             vec![
-                FreeRange::new(4096, 0x1000, 0),
-                FreeRange::new(4096, 0x3200, 1),
-                FreeRange::new(1 << 20, 0x0200, 2)
+                FreeRange::new(4096, 0x1000, id[0]),
+                FreeRange::new(4096, 0x3200, id[1]),
+                FreeRange::new(1 << 20, 0x0200, id[2])
             ]
         );
     }
@@ -312,17 +315,17 @@ mod tests {
             .map(|i| (4096 + 512 * (i % 2) as usize, 0x10_0000 * (200 - i)))
             .collect();
         for &(len, at) in &ranges {
-            ix.insert(FreeRange::new(len, at, 7));
+            ix.insert(FreeRange::new(len, at, PieceId::LEAST));
         }
         assert_eq!(ix.len(), 200);
         assert_eq!(fit(&ix, 4096), Some((4096, 0x10_0000 * 2)));
         assert_eq!(fit(&ix, 4097), Some((4608, 0x10_0000)));
         for &(len, at) in &ranges[..190] {
-            assert!(ix.remove(FreeRange::new(len, at, 7)));
+            assert!(ix.remove(FreeRange::new(len, at, PieceId::LEAST)));
         }
         assert_eq!(ix.len(), 10);
         for &(len, at) in &ranges[190..] {
-            assert!(ix.contains(FreeRange::new(len, at, 7)));
+            assert!(ix.contains(FreeRange::new(len, at, PieceId::LEAST)));
         }
         assert_eq!(fit(&ix, 4096), Some((4096, 0x10_0000 * 2)));
     }
@@ -336,14 +339,14 @@ mod tests {
             (4096, 0x5000),
             (1 << 30, 0x10),
         ] {
-            ix.insert(FreeRange::new(len, at, 7));
+            ix.insert(FreeRange::new(len, at, PieceId::LEAST));
         }
         assert_eq!(fit(&ix, 2048), Some((2048, 0x1000)));
         assert_eq!(fit(&ix, 2049), Some((4096, 0x5000)));
         assert_eq!(fit(&ix, 5000), Some((1 << 30, 0x10)));
         assert_eq!(fit(&ix, (1 << 30) + 1), None);
-        assert!(ix.remove(FreeRange::new(4096, 0x5000, 7)));
-        assert!(!ix.remove(FreeRange::new(4096, 0x5000, 7)));
+        assert!(ix.remove(FreeRange::new(4096, 0x5000, PieceId::LEAST)));
+        assert!(!ix.remove(FreeRange::new(4096, 0x5000, PieceId::LEAST)));
         assert_eq!(fit(&ix, 2049), Some((4096, 0x9000)));
         assert_eq!(ix.len(), 3);
     }

@@ -17,7 +17,7 @@ use crate::error::AllocError;
 use crate::expandable::handle_cache::HandleCache;
 use crate::expandable::pieces::{PieceId, Pieces};
 use crate::expandable::recent_frees::RecentFrees;
-use crate::expandable::segment::Segment;
+use crate::expandable::segment::{Segment, SegmentKey};
 use crate::expandable::size_index::Indexes;
 use crate::mechanism::deferred::Deferred;
 use crate::mechanism::stream_uses::StreamUses;
@@ -55,10 +55,10 @@ pub(crate) struct State<B: Backend> {
     pub(crate) limit: usize,
     pub(crate) access: Vec<Access>,
     /// va start -> segment
-    pub(crate) segments: BTreeMap<u64, Segment>,
+    pub(crate) segments: BTreeMap<SegmentKey, Segment>,
     /// (index slot, va start) of every segment: the segments of one (stream, pool) in address
     /// order, so growth looks at its own and not at every stream's (issue 21).
-    pub(crate) segments_by_slot: BTreeSet<(u32, u64)>,
+    pub(crate) segments_by_slot: BTreeSet<(u32, SegmentKey)>,
     /// (stream, pool) -> every free range by (len, start): the best-fit index.
     pub(crate) index: Indexes,
     /// Every segment's pieces (Note [Pieces]).
@@ -123,9 +123,9 @@ impl<B: Backend> State<B> {
         })
     }
 
-    pub(crate) fn segment_of(&self, addr: u64) -> Option<u64> {
+    pub(crate) fn segment_of(&self, addr: u64) -> Option<SegmentKey> {
         self.segments
-            .range(..=addr)
+            .range(..=SegmentKey::search(addr))
             .next_back()
             .filter(|(_, s)| addr < s.end())
             .map(|(&k, _)| k)

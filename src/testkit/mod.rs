@@ -11,6 +11,10 @@
 //! * [`Observed`]: wraps any backend and tells an [`Observer`] about every state-changing call
 //!   that succeeded; [`MappingLog`] is a ready-made observer (what is mapped, and the unmaps and
 //!   synchronizes in call order).
+//! * [`pytorch_rounding`]: PyTorch's request rounding and segment sizes, written out apart from
+//!   the crate's own port, to check the allocators against.
+//! * [`expandable_model`], [`classic_model`] (feature `testkit-proptest`): reference models that
+//!   run random operation sequences on an allocator and check each step against what must hold.
 //!
 //! ```
 //! use vmm_alloc::testkit::{EmulatedBackend, FaultError, FaultPlan, Trigger};
@@ -22,7 +26,12 @@
 //! assert!(sim.live().is_empty());
 //! ```
 
+#[cfg(feature = "testkit-proptest")]
+pub mod classic_model;
+#[cfg(feature = "testkit-proptest")]
+pub mod expandable_model;
 mod observed;
+pub mod pytorch_rounding;
 
 pub use crate::backend::fault::{FaultError, FaultPlan, Trigger};
 pub use observed::{Call, MappingLog, MappingState, Observed, Observer, Seen};

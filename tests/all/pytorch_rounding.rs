@@ -1,161 +1,98 @@
-//! PyTorch's request rounding and segment sizes written out again from reference §1.4–1.5
-//! (`round_size`, `roundup_power2_divisions`, `roundup_power2_next_division`,
-//! `get_allocation_size`), so the model's expectations never come from the crate's own port
-//! (`src/config/round.rs`): the classic model predicts sizes and segments with it, the
-//! expandable model the size of every block. With it, a table of known values, worked by hand
-//! from PyTorch's formula and its tests, that both this rule and the crate's must give. (The fuzz
-//! campaigns include this file with the models.)
+//! PyTorch's rounding rule against a table of known values, worked by hand from PyTorch's
+//! formula and its tests: both the test kit's statement of the rule
+//! (`vmm_alloc::testkit::pytorch_rounding`, which the reference models predict with) and the
+//! crate's own port (`vmm_alloc::config::round_size`, `get_allocation_size`) must give them.
 
-/// `kMinBlockSize`: every size is a multiple of 512 bytes, at least 512.
-pub const MIN_BLOCK_SIZE: usize = 512;
-/// `kSmallSize`: requests of at most 1 MiB are small.
-pub const SMALL_SIZE: usize = 1 << 20;
-/// `kRoundUpPowerOfTwoIntervals`: 1 MiB … 32 GiB and above.
-const INTERVALS: usize = 16;
+use vmm_alloc::config::{get_allocation_size as crate_segment, round_size as crate_round};
+use vmm_alloc::testkit::pytorch_rounding::{round_size, segment_size, INTERVALS};
 
 const MB: usize = 1 << 20;
+const KB: usize = 1 << 10;
+const GB: usize = 1 << 30;
 
-/// `roundup_power2_divisions(size)`'s interval: interval `i` covers `[2^(20+i), 2^(21+i))`
-/// bytes, sizes below 1 MiB fall in 0 and sizes of 32 GiB and more in 15. Walked up interval by
-/// interval rather than with a logarithm, to stay apart from the crate's arithmetic.
-fn interval(size: usize) -> usize {
-    let mut i = 0;
-    while i + 1 < INTERVALS && size >= 1usize << (21 + i) {
-        i += 1;
-    }
-    i
+/// Divisions arrays the table uses, each written entry by entry.
+fn uniform(d: usize) -> [usize; INTERVALS] {
+    [d; INTERVALS]
+}
+fn only(index: usize, d: usize) -> [usize; INTERVALS] {
+    let mut a = [0; INTERVALS];
+    a[index] = d;
+    a
+}
+/// PyTorch's `test_allocator_settings` string `[64:8,128:2,256:2,512:2,1024:1,>:1]`: the first
+/// key (64 MB, interval 6) also fills intervals 0–5; `>` fills 11–15.
+fn pytorch_test_list() -> [usize; INTERVALS] {
+    [8, 8, 8, 8, 8, 8, 8, 2, 2, 2, 1, 1, 1, 1, 1, 1]
 }
 
-/// `round_size(size)`: below 512 → 512; with `d > 1` divisions for `size`'s interval and
-/// `size > 512 × d`, `size` rounded up to the next of `d` equal steps between the powers of two
-/// around it (a power of two stays); otherwise up to a multiple of 512.
-pub fn round_size(size: usize, divisions: &[usize; INTERVALS]) -> usize {
-    if size < MIN_BLOCK_SIZE {
-        return MIN_BLOCK_SIZE;
-    }
-    let d = divisions[interval(size)];
-    if d > 1 && size > MIN_BLOCK_SIZE * d {
-        if size.is_power_of_two() {
-            return size;
-        }
-        let mut floor = 1usize;
-        while floor <= size / 2 {
-            floor *= 2;
-        }
-        // `floor >> log2(d)`: the divisions are powers of two (the grammar refuses others).
-        let step = match floor / d {
-            0 => floor * 2,
-            s => s,
-        };
-        return size.div_ceil(step) * step;
-    }
-    size.div_ceil(MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
+/// (size, divisions, rounded), each worked by hand from §1.4's formula; the comment says how.
+fn round_table() -> Vec<(usize, [usize; INTERVALS], usize)> {
+    vec![
+        (1, uniform(0), 512),                        // below kMinBlockSize
+        (513, uniform(0), 1024),                     // next multiple of 512
+        (1200, uniform(4), 1536), // 1200 ≤ 512×4: plain 512 rounding (code, not doc)
+        (2049, uniform(4), 2560), // floor 2048, step 512
+        (5000, uniform(4), 5120), // floor 4096, step 1024
+        (4 * MB, uniform(4), 4 * MB), // a power of two stays
+        (5 * MB + 1, uniform(4), 6 * MB), // floor 4 MiB, step 1 MiB
+        (700 * KB + 1, only(0, 2), 768 * KB), // below 1 MiB: interval 0; floor 512 KiB, step 256 KiB
+        (700 * KB + 1, only(1, 2), 700 * KB + 512), // interval 1 does not reach below 2 MiB
+        (3 * MB + 1, only(1, 4), 3 * MB + 512 * KB), // [2, 4) MiB is interval 1: floor 2 MiB, step 512 KiB
+        (3 * MB + 1, only(2, 8), 3 * MB + 512),      // interval 2 starts at 4 MiB
+        (5 * MB + 1, only(2, 8), 5 * MB + 512 * KB), // floor 4 MiB, step 512 KiB
+        (8 * MB - 1, only(2, 8), 8 * MB),            // last byte of interval 2
+        (8 * MB + 1, only(2, 8), 8 * MB + 512),      // first bytes of interval 3: no divisions
+        (9 * MB + 1, only(3, 2), 12 * MB), // [8, 16) MiB is interval 3: floor 8 MiB, step 4 MiB
+        (48 * GB + 1, only(15, 2), 64 * GB), // ≥ 32 GiB: interval 15; floor 32 GiB, step 16 GiB
+        (100 * GB + 1, only(15, 2), 128 * GB), // clamped at 15 above 64 GiB too
+        (84 * MB, pytorch_test_list(), 88 * MB), // PyTorch's test: 84 MB gets 8 divisions (step 8 MiB)
+        (400 * MB, pytorch_test_list(), 512 * MB), // and 400 MB gets 2 (floor 256 MiB, step 128 MiB)
+        (1500 * MB, pytorch_test_list(), 1500 * MB), // 1 division above 1 GB: 512 rounding only
+    ]
 }
 
-/// `get_allocation_size(rounded)`: small → a 2 MiB segment; below 10 MiB → one
-/// `large_segment_size` segment; else the request rounded up to 2 MiB.
-pub fn segment_size(rounded: usize, large_segment_size: usize) -> usize {
-    if rounded <= SMALL_SIZE {
-        2 * MB
-    } else if rounded < 10 * MB {
-        large_segment_size
-    } else {
-        rounded.div_ceil(2 * MB) * 2 * MB
+/// (rounded, new segment) with the default 20 MiB `large_segment_size`, from §1.5.
+const SEGMENT_TABLE: [(usize, usize); 6] = [
+    (512, 2 * MB),
+    (MB, 2 * MB),
+    (MB + 512, 20 * MB),
+    (10 * MB - 512, 20 * MB),
+    (10 * MB, 10 * MB),
+    (11 * MB, 12 * MB),
+];
+
+#[test]
+fn model_rounding_gives_the_known_values() {
+    for (size, divisions, want) in round_table() {
+        assert_eq!(
+            round_size(size, &divisions),
+            want,
+            "model: {size} with {divisions:?}"
+        );
+    }
+    for (rounded, want) in SEGMENT_TABLE {
+        assert_eq!(
+            segment_size(rounded, 20 * MB),
+            want,
+            "model: segment for {rounded}"
+        );
     }
 }
 
-#[cfg(test)]
-mod known_values {
-    use super::{round_size, segment_size, INTERVALS, MB};
-    use vmm_alloc::config::{get_allocation_size as crate_segment, round_size as crate_round};
-
-    const KB: usize = 1 << 10;
-    const GB: usize = 1 << 30;
-
-    /// Divisions arrays the table uses, each written entry by entry.
-    fn uniform(d: usize) -> [usize; INTERVALS] {
-        [d; INTERVALS]
+#[test]
+fn crate_rounding_gives_the_known_values() {
+    for (size, divisions, want) in round_table() {
+        assert_eq!(
+            crate_round(size, &divisions),
+            Some(want),
+            "{size} with {divisions:?}"
+        );
     }
-    fn only(index: usize, d: usize) -> [usize; INTERVALS] {
-        let mut a = [0; INTERVALS];
-        a[index] = d;
-        a
-    }
-    /// PyTorch's `test_allocator_settings` string `[64:8,128:2,256:2,512:2,1024:1,>:1]`: the first
-    /// key (64 MB, interval 6) also fills intervals 0–5; `>` fills 11–15.
-    fn pytorch_test_list() -> [usize; INTERVALS] {
-        [8, 8, 8, 8, 8, 8, 8, 2, 2, 2, 1, 1, 1, 1, 1, 1]
-    }
-
-    /// (size, divisions, rounded), each worked by hand from §1.4's formula; the comment says how.
-    fn round_table() -> Vec<(usize, [usize; INTERVALS], usize)> {
-        vec![
-            (1, uniform(0), 512),                        // below kMinBlockSize
-            (513, uniform(0), 1024),                     // next multiple of 512
-            (1200, uniform(4), 1536), // 1200 ≤ 512×4: plain 512 rounding (code, not doc)
-            (2049, uniform(4), 2560), // floor 2048, step 512
-            (5000, uniform(4), 5120), // floor 4096, step 1024
-            (4 * MB, uniform(4), 4 * MB), // a power of two stays
-            (5 * MB + 1, uniform(4), 6 * MB), // floor 4 MiB, step 1 MiB
-            (700 * KB + 1, only(0, 2), 768 * KB), // below 1 MiB: interval 0; floor 512 KiB, step 256 KiB
-            (700 * KB + 1, only(1, 2), 700 * KB + 512), // interval 1 does not reach below 2 MiB
-            (3 * MB + 1, only(1, 4), 3 * MB + 512 * KB), // [2, 4) MiB is interval 1: floor 2 MiB, step 512 KiB
-            (3 * MB + 1, only(2, 8), 3 * MB + 512),      // interval 2 starts at 4 MiB
-            (5 * MB + 1, only(2, 8), 5 * MB + 512 * KB), // floor 4 MiB, step 512 KiB
-            (8 * MB - 1, only(2, 8), 8 * MB),            // last byte of interval 2
-            (8 * MB + 1, only(2, 8), 8 * MB + 512),      // first bytes of interval 3: no divisions
-            (9 * MB + 1, only(3, 2), 12 * MB), // [8, 16) MiB is interval 3: floor 8 MiB, step 4 MiB
-            (48 * GB + 1, only(15, 2), 64 * GB), // ≥ 32 GiB: interval 15; floor 32 GiB, step 16 GiB
-            (100 * GB + 1, only(15, 2), 128 * GB), // clamped at 15 above 64 GiB too
-            (84 * MB, pytorch_test_list(), 88 * MB), // PyTorch's test: 84 MB gets 8 divisions (step 8 MiB)
-            (400 * MB, pytorch_test_list(), 512 * MB), // and 400 MB gets 2 (floor 256 MiB, step 128 MiB)
-            (1500 * MB, pytorch_test_list(), 1500 * MB), // 1 division above 1 GB: 512 rounding only
-        ]
-    }
-
-    /// (rounded, new segment) with the default 20 MiB `large_segment_size`, from §1.5.
-    const SEGMENT_TABLE: [(usize, usize); 6] = [
-        (512, 2 * MB),
-        (MB, 2 * MB),
-        (MB + 512, 20 * MB),
-        (10 * MB - 512, 20 * MB),
-        (10 * MB, 10 * MB),
-        (11 * MB, 12 * MB),
-    ];
-
-    #[test]
-    fn model_rounding_gives_the_known_values() {
-        for (size, divisions, want) in round_table() {
-            assert_eq!(
-                round_size(size, &divisions),
-                want,
-                "model: {size} with {divisions:?}"
-            );
-        }
-        for (rounded, want) in SEGMENT_TABLE {
-            assert_eq!(
-                segment_size(rounded, 20 * MB),
-                want,
-                "model: segment for {rounded}"
-            );
-        }
-    }
-
-    #[test]
-    fn crate_rounding_gives_the_known_values() {
-        for (size, divisions, want) in round_table() {
-            assert_eq!(
-                crate_round(size, &divisions),
-                Some(want),
-                "{size} with {divisions:?}"
-            );
-        }
-        for (rounded, want) in SEGMENT_TABLE {
-            assert_eq!(
-                crate_segment(rounded, 20 * MB),
-                Some(want),
-                "segment for {rounded}"
-            );
-        }
+    for (rounded, want) in SEGMENT_TABLE {
+        assert_eq!(
+            crate_segment(rounded, 20 * MB),
+            Some(want),
+            "segment for {rounded}"
+        );
     }
 }

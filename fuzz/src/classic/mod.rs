@@ -1,18 +1,11 @@
 //! `classic`: `ClassicAllocator` under long operation sequences.
 //!
 //! Two kinds of case, drawn at random:
-//! * the reference model of `tests/all/classic_model` (the same files, included here): exact
+//! * the test kit's reference model (`vmm_alloc::testkit::classic_model`, as the crate's tests run it): exact
 //!   placements, stats and PyTorch's rules under `PYTORCH_CUDA_ALLOC_CONF` strings, on Sim, with
 //!   sequences longer than CI's;
 //! * the fault driver ([`crate::faults`]) on Sim and on Host (data patterns), under the same
 //!   configuration strings.
-
-#[path = "../../../tests/all/classic_model/ops.rs"]
-#[allow(dead_code)]
-mod ops;
-#[path = "../../../tests/all/classic_model/reference.rs"]
-#[allow(dead_code)]
-mod reference;
 
 use std::time::Instant;
 
@@ -23,6 +16,7 @@ use vmm_alloc::classic::ClassicAllocator;
 use crate::faults::{self, FOp};
 use crate::runner::{Campaign, Tally};
 use crate::sequence::{Ops, Seq};
+use vmm_alloc::testkit::classic_model as model;
 use vmm_alloc::testkit::EmulatedBackend;
 
 /// How a case's run is set up. Model cases run on Sim (the model builds its own backend);
@@ -36,7 +30,7 @@ pub struct Settings {
 }
 
 /// One case: a reference-model sequence or a fault-driver sequence.
-pub type Case = Seq<Settings, ops::Op>;
+pub type Case = Seq<Settings, model::Op>;
 
 /// The campaign.
 pub struct Classic;
@@ -70,7 +64,7 @@ impl Campaign for Classic {
                 host,
                 prop::sample::select(capacities),
                 any::<bool>(),
-                ops::conf_strategy(),
+                model::conf_strategy(),
             )
                 .prop_map(|(host, capacity_mb, free_all, conf)| Settings {
                     host,
@@ -81,7 +75,7 @@ impl Campaign for Classic {
         };
         let model = (
             settings(prop::bool::weighted(0.0), vec![48, 96, 256, 1024]),
-            prop::collection::vec(ops::op_strategy(), 1..400).prop_map(Ops::Model),
+            prop::collection::vec(model::op_strategy(), 1..400).prop_map(Ops::Model),
         );
         // Host (real memory, data checked) in a third of the fault cases.
         let faulty = (
@@ -99,7 +93,7 @@ impl Campaign for Classic {
         match &case.ops {
             Ops::Model(ops) => {
                 tally.ops += ops.len() as u64;
-                ops::run(&s.conf, s.capacity_mb, ops, s.free_all)
+                model::run(&s.conf, s.capacity_mb, ops, s.free_all)
                     .map(drop)
                     .map_err(|e| e.to_string())
             }

@@ -1,19 +1,12 @@
 //! `expandable`: `ExpandableAllocator` under long operation sequences.
 //!
 //! Two kinds of case, drawn at random:
-//! * the reference model of `tests/all/model` (the same files, included here), on Sim at
+//! * the test kit's reference model (`vmm_alloc::testkit::expandable_model`, as the crate's tests run it), on Sim at
 //!   capacities from tight to roomy and on Host with data patterns, with sequences longer than
 //!   CI's, and sometimes `cuMemCreate` answering out-of-memory from some call on (another process
 //!   filling the device), which the model must still predict;
 //! * the fault driver ([`crate::faults`]): any backend call failing, transiently, persistently or
 //!   at random, with the invariants that must survive any failure.
-
-#[path = "../../../tests/all/model/ops.rs"]
-#[allow(dead_code)]
-mod ops;
-#[path = "../../../tests/all/model/reference.rs"]
-#[allow(dead_code)]
-mod reference;
 
 use std::time::Instant;
 
@@ -26,6 +19,7 @@ use vmm_alloc::ExpandableAllocator;
 use crate::faults::{self, arm};
 use crate::runner::{Campaign, Tally};
 use crate::sequence::{Ops, Seq};
+use vmm_alloc::testkit::expandable_model as model;
 use vmm_alloc::testkit::EmulatedBackend;
 
 /// Fault kinds this campaign does not inject: none. (ReleaseEvent and Release were spared, and
@@ -48,7 +42,7 @@ pub struct Settings {
 }
 
 /// One case: a reference-model sequence or a fault-driver sequence.
-pub type Case = Seq<Settings, ops::Op>;
+pub type Case = Seq<Settings, model::Op>;
 
 /// The campaign.
 pub struct Expandable;
@@ -84,7 +78,7 @@ fn device(host: bool, capacity_mb: usize) -> Result<Device, String> {
 fn run_on<B: EmulatedBackend>(
     b: B,
     s: &Settings,
-    ops: &Ops<ops::Op>,
+    ops: &Ops<model::Op>,
     tally: &mut Tally,
 ) -> Result<(), String> {
     match ops {
@@ -96,7 +90,7 @@ fn run_on<B: EmulatedBackend>(
                 );
             }
             tally.ops += ops.len() as u64;
-            let result = ops::run(b.clone(), s.config.clone(), ops).map(drop);
+            let result = model::run(b.clone(), s.config.clone(), ops).map(drop);
             tally.faults += arm(&b, FaultPlan::new());
             result.map_err(|e| e.to_string())
         }
@@ -131,7 +125,7 @@ impl Campaign for Expandable {
                 prop::sample::select(hosts),
                 prop::sample::select(capacities),
                 create_oom.clone(),
-                ops::config_strategy(),
+                model::config_strategy(),
             )
                 .prop_map(|(host, capacity_mb, create_oom, config)| Settings {
                     host,
@@ -140,7 +134,8 @@ impl Campaign for Expandable {
                     config,
                 })
         };
-        let model = |n: usize| prop::collection::vec(ops::op_strategy(), 1..n).prop_map(Ops::Model);
+        let model =
+            |n: usize| prop::collection::vec(model::op_strategy(), 1..n).prop_map(Ops::Model);
         let faulty =
             prop::collection::vec(faults::fop_strategy(SPARED), 1..200).prop_map(Ops::Faults);
         // Host cases are slower (real memory, data checked): fewer and shorter.

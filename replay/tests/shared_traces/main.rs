@@ -17,10 +17,7 @@ mod mechanism;
 mod native;
 
 // Shared with tests/traces and tests/trace_formats, hence the paths.
-#[path = "../fixtures/pressure.rs"]
-mod pressure;
-#[path = "../fixtures/renumbering.rs"]
-mod renumbering;
+use vmm_dev_support::fixtures::{pressure, renumbering};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

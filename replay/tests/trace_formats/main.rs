@@ -8,8 +8,7 @@ mod native_format;
 mod rmm_csv_reader;
 
 // Shared with tests/shared_traces, hence the path.
-#[path = "../fixtures/renumbering.rs"]
-mod renumbering;
+use vmm_dev_support::fixtures::renumbering;
 
 use std::collections::HashMap;
 

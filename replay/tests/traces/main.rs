@@ -11,5 +11,4 @@ mod snapshot_synthetic;
 mod writer;
 
 // Shared with tests/shared_traces, hence the path.
-#[path = "../fixtures/pressure.rs"]
-mod pressure;
+use vmm_dev_support::fixtures::pressure;

@@ -3,7 +3,7 @@
 use crate::backend::Backend;
 use crate::expandable::check::Sums;
 use crate::expandable::pieces::{Kind, PieceId, NIL};
-use crate::expandable::segment::Segment;
+use crate::expandable::segment::{Segment, SegmentKey};
 use crate::expandable::size_index::{FreeRange, StreamPool};
 use crate::expandable::state::State;
 use crate::mechanism::violation::InvariantViolation as V;
@@ -19,10 +19,15 @@ struct Tiled {
 }
 
 impl<B: Backend> State<B> {
-    pub(super) fn check_segment(&self, key: u64, seg: &Segment, sums: &mut Sums) -> Result<(), V> {
-        if key != seg.start() {
+    pub(super) fn check_segment(
+        &self,
+        key: SegmentKey,
+        seg: &Segment,
+        sums: &mut Sums,
+    ) -> Result<(), V> {
+        if key != SegmentKey::of(&seg.va) {
             return Err(V::SegmentKey {
-                key: DevAddr::new(key),
+                key: DevAddr::new(key.start()),
                 start: seg.va.start,
             });
         }

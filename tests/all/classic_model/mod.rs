@@ -1,20 +1,19 @@
 //! Property tests of `ClassicAllocator`: random operation sequences on Sim, under
 //! `PYTORCH_CUDA_ALLOC_CONF` strings in PyTorch's grammar and capacities from tight to roomy,
-//! checked after every step against a plain reference model (`reference.rs`): the invariants of
+//! checked after every step against the test kit's plain reference model
+//! (`vmm_alloc::testkit::classic_model`): the invariants of
 //! the expandable allocator's model that apply to device allocations (no page mappings here), and
 //! the placement PyTorch's rules predict (best fit, oversize limits, `should_split`, segment
 //! sizes).
 //!
 //! `PROPTEST_CASES=10000 cargo test --release --test all classic` runs them harder.
 
-mod ops;
 mod reach;
-mod reference;
 
 use proptest::prelude::*;
 use proptest::test_runner::{TestError, TestRunner};
 
-use ops::{conf_strategy, op_strategy, run, Op};
+use vmm_alloc::testkit::classic_model::{conf_strategy, op_strategy, run, Op};
 
 /// 64 cases unless `PROPTEST_CASES` says otherwise (a literal `cases:` would shadow it), and
 /// shrinking until proptest can shrink no more (its default budget stops long before).

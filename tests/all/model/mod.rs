@@ -1,19 +1,17 @@
 //! Property tests: random operation sequences against `ExpandableAllocator`, checked after every
-//! step against a plain reference model (`reference.rs`) of what must hold (DESIGN.md's
-//! invariants), with the device's own view of its mappings (the test kit's `Observed` backend). On Host, every live
-//! allocation carries a pattern derived from its id at bounded, granule-aware sample spans
-//! (`spans` in `ops.rs`), checked every step.
+//! step against the test kit's plain reference model (`vmm_alloc::testkit::expandable_model`) of
+//! what must hold (DESIGN.md's invariants), with the device's own view of its mappings (the test
+//! kit's `Observed` backend). On Host, every live allocation carries a pattern derived from its id
+//! at bounded, granule-aware sample spans, checked every step.
 //!
 //! `PROPTEST_CASES=10000 cargo test --release --test all model` runs them harder.
 
-mod ops;
 mod reach;
-mod reference;
 
 use proptest::prelude::*;
 use vmm_alloc::backend::{HostBackend, HostConfig, SimBackend, SimConfig};
 
-use ops::{config_strategy, op_strategy, run};
+use vmm_alloc::testkit::expandable_model::{config_strategy, op_strategy, run};
 
 /// 64 cases in `cargo test` (CI's budget); `PROPTEST_CASES` overrides it. (A literal `cases:` in
 /// the config would silently shadow the environment variable.)

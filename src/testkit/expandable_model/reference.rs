@@ -1,14 +1,14 @@
 //! The reference model: plain vectors of what is live and what waits for events, with its own
 //! sums of every PyTorch stat that applies, compared with the allocator after every step.
 
+use crate::snapshot::{BlockState, Snapshot};
+use crate::stats::{PoolKind, Stat, StatArray};
+use crate::{Allocation, MemoryStats, StreamId};
 use proptest::prelude::*;
-use vmm_alloc::snapshot::{BlockState, Snapshot};
-use vmm_alloc::stats::{PoolKind, Stat, StatArray};
-use vmm_alloc::{Allocation, MemoryStats, StreamId};
 
-use vmm_alloc::testkit::{MappingState, Seen};
+use crate::testkit::{MappingState, Seen};
 
-use crate::pytorch_rounding::SMALL_SIZE;
+use crate::testkit::pytorch_rounding::SMALL_SIZE;
 
 /// What the model knows about one live allocation.
 pub struct Live {

@@ -16,7 +16,7 @@ use vmm_alloc::classic::ClassicAllocator;
 use vmm_alloc::config::{AllocConf, ExpandableConfig};
 use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, StreamId};
 
-use crate::extra::Json;
+use crate::bench_extra::Json;
 
 pub const GIB: usize = 1 << 30;
 pub const MIB: usize = 1 << 20;

@@ -1,17 +1,17 @@
 //! The operations of the classic state machine, their strategies, and the loop that applies them
 //! to `ClassicAllocator` on Sim and to the model, checking everything after each step.
 
+use crate::backend::{Backend, PhysHandle, SimBackend, SimConfig};
+use crate::classic::ClassicAllocator;
+use crate::config::AllocConf;
+use crate::snapshot::{BlockState, SegmentInfo, Snapshot};
+use crate::stats::PoolKind;
+use crate::testkit::EmulatedBackend;
+use crate::{AllocError, Allocator, DevAddr, MemoryStats, StreamId};
 use proptest::prelude::*;
-use vmm_alloc::backend::{Backend, PhysHandle, SimBackend, SimConfig};
-use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::AllocConf;
-use vmm_alloc::snapshot::{BlockState, SegmentInfo, Snapshot};
-use vmm_alloc::stats::PoolKind;
-use vmm_alloc::testkit::EmulatedBackend;
-use vmm_alloc::{AllocError, Allocator, DevAddr, MemoryStats, StreamId};
 
 use super::reference::{best_fit, free_blocks, no_overlap, pool_of, Model, Rules};
-use crate::pytorch_rounding::{round_size, SMALL_SIZE};
+use crate::testkit::pytorch_rounding::{round_size, SMALL_SIZE};
 
 const STREAMS: u64 = 3;
 const MB: usize = 1 << 20;
@@ -19,16 +19,19 @@ const MB: usize = 1 << 20;
 /// An input the allocator must refuse without changing anything.
 #[derive(Clone, Copy, Debug)]
 pub enum Bad {
-    /// `deallocate_ptr` / `record_stream` of an address no allocation ever had.
+    /// `deallocate_ptr` of an address no allocation ever had.
     FreeForeign,
+    /// `record_stream` of an address no allocation ever had.
     RecordForeign,
-    /// ... of an address inside a live allocation.
+    /// `deallocate_ptr` of an address inside a live allocation.
     FreeInterior,
+    /// `record_stream` of an address inside a live allocation.
     RecordInterior,
     /// The allocation freed last, freed again.
     FreeAgain,
-    /// `allocate(0)`, `allocate(usize::MAX)`.
+    /// `allocate(0)`.
     ZeroBytes,
+    /// `allocate(usize::MAX)`.
     MaxBytes,
 }
 
@@ -36,31 +39,46 @@ pub enum Bad {
 /// shrink to 0, the latest, and keep their target when an earlier allocation is deleted.
 #[derive(Clone, Debug)]
 pub enum Op {
+    /// `allocate(size)` on a stream; the model predicts where it lands, or that it fails.
     Alloc {
+        /// Requested bytes.
         size: usize,
+        /// Stream number (0, 1 or 2).
         stream: u64,
     },
+    /// `deallocate_ptr` of a live allocation.
     Free {
+        /// Which allocation: the pick-th latest, modulo the live count.
         pick: usize,
     },
+    /// `record_stream` of a live allocation on another stream.
     Record {
+        /// Which allocation: the pick-th latest, modulo the live count.
         pick: usize,
+        /// Stream number (0, 1 or 2).
         stream: u64,
     },
     /// Holds a stream (its work keeps running: events recorded on it stay pending) or releases
     /// it (its work completes).
     Stream {
+        /// Stream number (0, 1 or 2).
         stream: u64,
+        /// Hold (true) or release (false).
         hold: bool,
     },
+    /// `empty_cache`.
     EmptyCache,
     /// Another user of the device takes `Some(mb)` MiB (then the device, not the fraction,
     /// says OOM), or gives its latest piece back.
     Squeeze {
+        /// MiB taken, or `None` to give the latest piece back.
         mb: Option<usize>,
     },
+    /// An input the allocator must refuse, changing nothing.
     Invalid {
+        /// Which one.
         bad: Bad,
+        /// The allocation it concerns, as in [`Op::Free`].
         pick: usize,
     },
 }
@@ -98,6 +116,8 @@ fn size_strategy() -> impl Strategy<Value = usize> {
     ]
 }
 
+/// Random operations, weighted towards allocating and freeing, with sizes across both pools
+/// and the oversize range.
 pub fn op_strategy() -> impl Strategy<Value = Op> {
     use Bad::*;
     let bad = prop::sample::select(vec![
@@ -151,21 +171,30 @@ pub fn conf_strategy() -> impl Strategy<Value = String> {
     })
 }
 
-/// What a sequence reached, for `sequences_reach_the_interesting_states`.
-#[derive(Default)]
+/// What a sequence reached: a test can tell that its sequences reach the states worth testing
+/// (the crate's `classic_sequences_reach_the_interesting_states`).
+#[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Reached {
+    /// The allocator's stats at the end, before teardown.
     pub stats: MemoryStats,
+    /// Frees left pending on a held stream.
     pub pending_held: u64,
+    /// Allocations that could not reuse a block because its free was pending.
     pub blocked_reuse: u64,
+    /// Frees that merged a block with a free neighbour.
     pub merges: u64,
-    /// Allocations served from the cache, and by a new segment.
+    /// Allocations served from the cache.
     pub cached: u64,
+    /// Allocations served by a new segment.
     pub fresh: u64,
     /// Most oversize allocations live at once.
     pub oversize: u64,
-    /// Segments freed inside a `malloc` that did not retry: by the garbage collector (threshold
-    /// set, no `max_split_size`) and by `release_available_cached_blocks` (the reverse).
+    /// Segments freed inside a `malloc` that did not retry by the garbage collector (threshold
+    /// set, no `max_split_size`).
     pub gc_frees: u64,
+    /// Segments freed inside a `malloc` that did not retry by `release_available_cached_blocks`
+    /// (`max_split_size` set, no threshold).
     pub oversize_frees: u64,
 }
 

@@ -3,16 +3,16 @@
 //! `get_allocation_size`) written out from reference §1.5–1.7, and every check that compares the
 //! allocator with them.
 //!
-//! Written apart from `tests/all/model/reference.rs` (the expandable allocator's model, private to
-//! its module): classic blocks never unmap, merge only inside one device allocation and are placed
+//! Written apart from `expandable_model/reference.rs` (the expandable allocator's model, private
+//! to its module): classic blocks never unmap, merge only inside one device allocation and are placed
 //! by rules the model can predict exactly, so the two share ideas but little code.
 
-use vmm_alloc::config::AllocConf;
-use vmm_alloc::snapshot::{BlockState, Snapshot};
-use vmm_alloc::stats::{PoolKind, StatArray};
-use vmm_alloc::{Allocation, MemoryStats, StreamId};
+use crate::config::AllocConf;
+use crate::snapshot::{BlockState, Snapshot};
+use crate::stats::{PoolKind, StatArray};
+use crate::{Allocation, MemoryStats, StreamId};
 
-use crate::pytorch_rounding::{segment_size, MIN_BLOCK_SIZE, SMALL_SIZE};
+use crate::testkit::pytorch_rounding::{segment_size, MIN_BLOCK_SIZE, SMALL_SIZE};
 
 /// What the model knows about one live allocation.
 pub struct Live {

@@ -9,7 +9,7 @@ use vmm_alloc::backend::Backend;
 use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::{Allocation, Allocator, ClassicAllocator, ExpandableAllocator, StreamId};
 
-use crate::extra::Json;
+use crate::bench_extra::Json;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;

@@ -1,14 +1,11 @@
 //! Side outputs of the benches: what criterion does not record (OOM counts, peak memory, driver
 //! calls, why a part was skipped), written as JSON to `<target>/bench-extra/<bench>.json`, where
 //! `replay/examples/bench_report` reads them next to criterion's estimates to write BENCHMARKS.md.
-//! Included by the benches of both crates (the library's here, the replay crate's by path).
+//! Used by the benches of both crates (the library's and the replay crate's).
 //!
 //! `<target>` is `$CARGO_TARGET_DIR`, else the workspace's `target` (the folder holding
 //! `Cargo.lock` above the bench's package), where criterion writes `<target>/criterion`. The
 //! JSON is written by hand: the library's benches have no serde_json.
-
-// Each bench includes this file and uses a different part of it.
-#![allow(dead_code)]
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

@@ -1,61 +1,80 @@
 //! The operations of the state machine and the loop that applies them to the allocator and to the
 //! model, checking everything after each step.
 
+use crate::backend::{Backend, PhysHandle};
+use crate::config::ExpandableConfig;
+use crate::{AllocError, Allocator, DevAddr, ExpandableAllocator, MemoryStats, StreamId};
 use proptest::prelude::*;
-use vmm_alloc::backend::{Backend, PhysHandle};
-use vmm_alloc::config::ExpandableConfig;
-use vmm_alloc::{AllocError, Allocator, DevAddr, ExpandableAllocator, MemoryStats, StreamId};
 
 use super::reference::{no_overlap, Live, Model};
-use crate::pytorch_rounding::round_size;
-use vmm_alloc::testkit::{EmulatedBackend, Observed};
+use crate::testkit::pytorch_rounding::round_size;
+use crate::testkit::{EmulatedBackend, Observed};
 
 const STREAMS: u64 = 3;
 
 /// An input the allocator must refuse without changing anything.
 #[derive(Clone, Copy, Debug)]
 pub enum Bad {
-    /// An address no allocation ever had.
+    /// `deallocate_ptr` of an address no allocation ever had.
     Foreign,
-    /// An address inside a live allocation.
+    /// `deallocate_ptr` of an address inside a live allocation.
     Interior,
     /// The address of the allocation freed last, freed again.
     DoubleFree,
+    /// `allocate(0)`.
     ZeroSize,
+    /// `allocate(usize::MAX)`.
     HugeSize,
     /// `record_stream` on a foreign address.
     RecordForeign,
 }
 
+/// One step. Picks are small and taken modulo the live count, so they shrink to 0.
 #[derive(Clone, Debug)]
 pub enum Op {
+    /// `allocate(size)` on a stream; it must succeed or fail with out-of-memory.
     Alloc {
+        /// Requested bytes.
         size: usize,
+        /// Stream number (0, 1 or 2).
         stream: u64,
     },
-    /// Picks are small and taken modulo the live count, so they shrink to 0.
+    /// `deallocate_ptr` of a live allocation.
     Free {
+        /// Which allocation, modulo the live count.
         pick: usize,
     },
+    /// `record_stream` of a live allocation.
     RecordStream {
+        /// Which allocation, modulo the live count.
         pick: usize,
+        /// Stream number (0, 1 or 2).
         stream: u64,
     },
+    /// Holds a stream: events recorded on it stay pending (its work keeps running).
     Hold {
+        /// Stream number (0, 1 or 2).
         stream: u64,
     },
+    /// Releases a held stream: its work completes.
     Release {
+        /// Stream number (0, 1 or 2).
         stream: u64,
     },
+    /// `empty_cache`.
     EmptyCache,
     /// Another user of the device takes `mb` MiB (capacity pressure mid-sequence).
     Squeeze {
+        /// MiB taken.
         mb: usize,
     },
     /// ... and gives its latest handle back.
     Unsqueeze,
+    /// An input the allocator must refuse, changing nothing.
     Invalid {
+        /// Which one.
         bad: Bad,
+        /// The allocation it concerns ([`Bad::Interior`]), modulo the live count.
         pick: usize,
     },
 }
@@ -68,6 +87,8 @@ fn size_strategy() -> impl Strategy<Value = usize> {
     ]
 }
 
+/// Random operations, weighted towards allocating and freeing, with sizes from 1 byte to 48 MiB
+/// across both pools.
 pub fn op_strategy() -> impl Strategy<Value = Op> {
     let bad = prop_oneof![
         Just(Bad::Foreign),
@@ -90,6 +111,8 @@ pub fn op_strategy() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Configurations: ours, PyTorch's expandable segments, small pages, a small handle cache, most
+/// growths under pressure, and power-of-two rounding.
 pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
     prop_oneof![
         Just(ExpandableConfig::default()),
@@ -201,12 +224,20 @@ fn verify<B: Backend>(b: &B, l: &Live, phase: usize, every: usize) -> Result<(),
     Ok(())
 }
 
-/// What a sequence reached, for `sequences_reach_the_interesting_states`.
+/// What a sequence reached: a test can tell that its sequences reach the states worth testing
+/// (the crate's `sequences_reach_the_interesting_states`).
+#[derive(Debug)]
+#[non_exhaustive]
 pub struct Reached {
+    /// The allocator's stats at the end.
     pub stats: MemoryStats,
+    /// Frees left pending on a held stream.
     pub pending_held: u64,
+    /// Allocations that could not reuse memory because a free on it was pending.
     pub blocked_reuse: u64,
+    /// Times held memory was made safe to unmap by a synchronize.
     pub synced_before_unmap: u64,
+    /// Out-of-memory answers while another user held memory ([`Op::Squeeze`]).
     pub squeezed_ooms: u64,
 }
 
@@ -214,6 +245,10 @@ fn fail(step: usize, e: impl std::fmt::Display) -> TestCaseError {
     TestCaseError::fail(format!("step {step}: {e}"))
 }
 
+/// Runs `ops` on an [`ExpandableAllocator`] over `inner` with `config`, checking every step
+/// against the model, then tears down (frees everything, empties the cache, drops the allocator)
+/// and checks that the backend holds nothing. The first failed check is the error, naming the
+/// step.
 pub fn run<B: EmulatedBackend>(
     inner: B,
     config: ExpandableConfig,
@@ -222,7 +257,7 @@ pub fn run<B: EmulatedBackend>(
     let backend = Observed::new(inner);
     let bytes = backend
         .capabilities()
-        .contains(vmm_alloc::backend::Capabilities::BYTES);
+        .contains(crate::backend::Capabilities::BYTES);
     let divisions = config.roundup_power2_divisions;
     let alloc = ExpandableAllocator::new(backend.clone(), config).map_err(|e| fail(0, e))?;
     let mut model = Model::default();
