@@ -87,7 +87,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn live_windows_are_disjoint_and_a_freed_one_is_reused() {
+    fn live_windows_are_disjoint_and_stay_so_after_one_is_freed() {
         let len = 1 << 40;
         let a = Window::take(len, 2 << 20);
         let b = Window::take(len, 2 << 20);
