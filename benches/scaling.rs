@@ -8,11 +8,19 @@
 //! * `<allocator>/streams`: n allocations of 512 B, each on its own stream (so each makes its own
 //!   segment and reservation), then n frees; per event = (alloc + free) / 2n;
 //! * `<allocator>/live`: n allocations of 512 B on one stream, all live, then n frees;
-//! * `sim/reservations`: n reservations of 2 MiB on the bare backend, then n frees.
+//! * `sim/reservations`: n reservations of 2 MiB on the bare backend, then n frees;
+//! * `std/btreemap`, `std/hashmap`: the containers the state is made of, bare: n inserts of
+//!   addresses 2 MiB apart (the keys the allocators use), then n removes. No scan can hide in
+//!   them, so their growth with n is what memory alone (caches, TLB) costs on the machine.
 //!
 //! `cargo bench --bench scaling` runs n = 1k, 4k, ... up to `VMM_SCALING_MAX` (default 1M) and
 //! prints ns per event and the ratio to the smallest n; `VMM_SCALING_CASE=expandable` runs only
-//! the cases whose name contains it.
+//! the cases whose name contains it, `VMM_SCALING_MIN` starts at a larger n. Each n is run
+//! `2^20 / n` times (at least once), each time on a fresh allocator, and the time averaged: every
+//! n then does the same number of events (2M), so a small n is not timed on a single
+//! millisecond, and a run at one n alone (`VMM_SCALING_MIN` = `VMM_SCALING_MAX`) under
+//! `valgrind --tool=cachegrind --cache-sim=no` counts the instructions per event at that n
+//! (RELIABILITY.md, "Scaling").
 
 use std::time::Instant;
 
@@ -69,16 +77,46 @@ fn reservations(n: u64) -> f64 {
     t.elapsed().as_nanos() as f64 / (2 * n) as f64
 }
 
+/// ns per event of n inserts then n removes of `Address -> [u64; 4]` (about a block's size).
+fn container<M: Default>(
+    n: u64,
+    insert: impl Fn(&mut M, u64),
+    remove: impl Fn(&mut M, u64),
+) -> f64 {
+    let mut map = M::default();
+    let t = Instant::now();
+    for i in 0..n {
+        insert(&mut map, 0x2_0000_0000 + (i << 21));
+    }
+    for i in 0..n {
+        remove(&mut map, 0x2_0000_0000 + (i << 21));
+    }
+    std::hint::black_box(&map);
+    t.elapsed().as_nanos() as f64 / (2 * n) as f64
+}
+
+fn keep<T>(value: T) {
+    std::hint::black_box(value);
+}
+
+type Btree = std::collections::BTreeMap<u64, [u64; 4]>;
+type Hash = rustc_hash::FxHashMap<u64, [u64; 4]>;
+
 fn main() {
     let max: u64 = std::env::var("VMM_SCALING_MAX")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1 << 20);
+    let min: u64 = std::env::var("VMM_SCALING_MIN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1024);
     let sizes: Vec<u64> = std::iter::successors(Some(1024u64), |n| Some(n * 4))
+        .skip_while(|&n| n < min)
         .take_while(|&n| n <= max)
         .collect();
     type Case = (&'static str, fn(u64) -> f64);
-    let cases: [Case; 5] = [
+    let cases: [Case; 7] = [
         ("expandable/streams", |n| {
             alloc_free(&expandable(), n, |i| i + 1)
         }),
@@ -86,6 +124,20 @@ fn main() {
         ("classic/streams", |n| alloc_free(&classic(), n, |i| i + 1)),
         ("classic/live", |n| alloc_free(&classic(), n, |_| 1)),
         ("sim/reservations", reservations),
+        ("std/btreemap", |n| {
+            container::<Btree>(
+                n,
+                |m, k| keep(m.insert(k, [k; 4])),
+                |m, k| keep(m.remove(&k)),
+            )
+        }),
+        ("std/hashmap", |n| {
+            container::<Hash>(
+                n,
+                |m, k| keep(m.insert(k, [k; 4])),
+                |m, k| keep(m.remove(&k)),
+            )
+        }),
     ];
     let only = std::env::var("VMM_SCALING_CASE").unwrap_or_default();
     println!(
@@ -95,7 +147,8 @@ fn main() {
     for (name, run) in cases.into_iter().filter(|(name, _)| name.contains(&*only)) {
         let mut first = None;
         for &n in &sizes {
-            let ns = run(n);
+            let rounds = ((1u64 << 20) / n).max(1);
+            let ns = (0..rounds).map(|_| run(n)).sum::<f64>() / rounds as f64;
             let base = *first.get_or_insert(ns);
             println!("{name:<22} {n:>9} {ns:>12.1} {:>8.2}", ns / base);
         }

@@ -49,6 +49,7 @@ mod ledger;
 mod raw;
 mod sim;
 mod sim_va;
+mod sim_window;
 
 use std::fmt;
 

@@ -9,10 +9,8 @@ use crate::backend::error::{BackendError, BackendErrorKind as E};
 use crate::backend::events::SimEvents;
 use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
 use crate::backend::sim_va::VaMap;
+use crate::backend::sim_window::{Window, SPACE_BASE};
 use crate::backend::{forward_backend, Access, Capabilities, MemInfo};
-
-/// Where the first simulated reservation goes (an H100 handed out `0x302000000`).
-const VA_BASE: u64 = 0x2_0000_0000;
 
 /// Settings of a [`SimBackend`].
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -55,7 +53,7 @@ impl SimConfig {
         if self.devices == 0 {
             return Err(E::BadConfig("devices must be at least 1".into()));
         }
-        if VA_BASE.checked_add(self.va_limit).is_none() {
+        if SPACE_BASE.checked_add(self.va_limit).is_none() {
             return Err(E::BadConfig(format!(
                 "va_limit {:#x} overflows the address space",
                 self.va_limit
@@ -68,8 +66,11 @@ impl SimConfig {
 /// The raw simulated device: a best-fit address-space map, handle numbers and events.
 pub(crate) struct SimDevice {
     config: SimConfig,
-    /// Live reservations and the gaps between them (O(log n) per reserve and free).
+    /// Live reservations and the gaps between them (O(log n) per reserve and free), inside
+    /// `window`.
     va: VaMap,
+    /// This device's own part of the process's address space (given back on drop).
+    _window: Window,
     next_handle: RawHandle,
     pub(crate) events: SimEvents,
 }
@@ -134,8 +135,12 @@ impl RawDevice for SimDevice {
 ///
 /// Addresses are fake but realistic (reservations start at `0x2_0000_0000`, aligned to the
 /// granularity, one granule apart so that two reservations never look contiguous; a new one
-/// takes the smallest hole that holds it, O(log n) in the live reservations). Physical
-/// capacity is enforced exactly; events complete at once unless a test holds their stream.
+/// takes the smallest hole that holds it, O(log n) in the live reservations). Like real device
+/// addresses they are unique in the process: each backend draws them from its own window of
+/// `va_limit` bytes, disjoint from every other live Sim backend's, so a pointer one allocator
+/// handed out is never a live block of another (the first backend alive in a process starts at
+/// `0x2_0000_0000`; see `sim_window.rs` for the limits). Physical capacity is enforced
+/// exactly; events complete at once unless a test holds their stream.
 ///
 /// Cloning is cheap and shares the state, so a test can keep a clone to count calls and check
 /// for leaks while an allocator owns another.
@@ -174,13 +179,16 @@ impl SimBackend {
     }
 
     fn build(config: SimConfig) -> Self {
+        let window = Window::take(config.va_limit, config.granularity as u64);
+        let base = window.base();
         let raw = SimDevice {
             config,
             va: VaMap::new(
-                VA_BASE,
-                VA_BASE + config.va_limit,
+                base,
+                base.saturating_add(config.va_limit),
                 config.granularity as u64,
             ),
+            _window: window,
             next_handle: 0,
             events: SimEvents::default(),
         };

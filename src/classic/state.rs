@@ -136,14 +136,6 @@ impl<B: Backend> State<B> {
         let alloc_size = get_allocation_size(size, self.conf.large_segment_size)
             .ok_or(AllocError::TooLarge { size: orig_size })?;
         let mut found = self.get_free_block(kind, stream, size);
-        // No cached block, and a segment larger than the device (or the allowed fraction) can
-        // never be allocated: PyTorch would empty the cache and retry first, we report at once
-        // (issue 21).
-        let limit = self.allowed_memory_maximum.unwrap_or(self.device_total);
-        if found.is_none() && never_fits(alloc_size, limit) {
-            self.stats.num_ooms += 1;
-            return Err(self.oom(alloc_size));
-        }
         if found.is_none() {
             if self.gc_enabled() {
                 self.garbage_collect_cached_blocks()?;
@@ -303,6 +295,12 @@ impl<B: Backend> State<B> {
             if self.total_allocated_memory.saturating_add(alloc_size) > max {
                 return Ok(None);
             }
+        }
+        // A segment larger than the whole device: the driver would refuse the `cudaMalloc`, so
+        // it is not made (issue 21: no driver work for a request that cannot fit). The caller
+        // goes on as PyTorch does: it frees the cache, retries (counted) and reports the OOM.
+        if never_fits(alloc_size, self.device_total) {
+            return Ok(None);
         }
         let seg = match self.device_malloc(alloc_size) {
             Ok(seg) => seg,

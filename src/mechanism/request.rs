@@ -43,9 +43,11 @@ impl Request {
 }
 
 /// Whether a request that needs at least `bytes` of device memory can never be served under
-/// `limit` (the device's capacity, or the memory-fraction limit): then it fails at once with the
-/// out-of-memory report, before any cache is emptied or any page created (issue 21: a 200 GiB
-/// request on an 80 GiB device made 24,584 driver calls before failing).
+/// `limit` (the device's capacity, or the memory-fraction limit). The expandable policies then
+/// fail at once with the out-of-memory report, before any cache is emptied or any page created
+/// (issue 21: a 200 GiB request on an 80 GiB device made 24,584 driver calls before failing); the
+/// classic allocator skips only the `cudaMalloc` the driver would refuse, and frees its cache and
+/// retries first, as PyTorch does.
 #[inline]
 pub(crate) fn never_fits(bytes: usize, limit: usize) -> bool {
     bytes > limit

@@ -1,6 +1,10 @@
 //! Issue 21, item 2: an allocation given back to an allocator that did not make it. Two Sim
-//! allocators hand out the same first address, so before the fix allocator B freed its own live
-//! block when given A's allocation, and then handed out memory it still held.
+//! allocators used to hand out the same first address, so allocator B freed its own live block
+//! when given A's allocation (or A's pointer, by address), and then handed out memory it still
+//! held. An `Allocation` now names its allocator, and each Sim backend draws its addresses from
+//! its own window of the process's address space, as real device addresses are unique in a
+//! process (Host: `mmap`; Cuda: `cuMemAddressReserve`), so the address-only paths cannot be
+//! fooled either.
 
 use vmm_alloc::backend::{HostBackend, HostConfig};
 use vmm_alloc::{
@@ -17,11 +21,6 @@ const S0: StreamId = StreamId::DEFAULT;
 fn cross_free_is_refused<A: Allocator, B: Allocator>(a: &A, b: &B) {
     let from_a = a.allocate(MB, S0).unwrap();
     let from_b = b.allocate(MB, S0).unwrap();
-    assert_eq!(
-        from_a.ptr(),
-        from_b.ptr(),
-        "the two allocators hand out the same first address (the case the check exists for)"
-    );
     assert_ne!(from_a.allocator(), from_b.allocator());
     let (stats, snapshot) = (b.stats(), b.snapshot());
     let a_ptr = from_a.ptr();
@@ -128,4 +127,86 @@ fn a_pointer_another_allocator_handed_out_is_refused_by_address_when_not_live_he
     );
     assert!(b.record_stream(x.ptr(), StreamId::sim(7)).is_err());
     a.deallocate(x).unwrap();
+}
+
+/// B's live blocks, by address and size.
+fn ranges(allocs: &[vmm_alloc::Allocation]) -> Vec<(u64, u64)> {
+    allocs
+        .iter()
+        .map(|a| (a.ptr().get(), a.ptr().get() + a.size() as u64))
+        .collect()
+}
+
+/// The address-only paths (what the C ABI calls): A's pointer given to B, while B holds live
+/// blocks of the same sizes and history, is not one of B's: `deallocate_ptr` and `record_stream`
+/// refuse it as not allocated here and change nothing. Before each Sim backend had its own
+/// addresses, A's first pointer was B's first pointer, and B freed its own live block.
+fn foreign_pointer_is_refused<A: Allocator, B: Allocator>(a: &A, b: &B) {
+    let from_a: Vec<_> = (0..4).map(|_| a.allocate(MB, S0).unwrap()).collect();
+    let from_b: Vec<_> = (0..4).map(|_| b.allocate(MB, S0).unwrap()).collect();
+    for (x, y) in ranges(&from_a)
+        .iter()
+        .flat_map(|x| ranges(&from_b).into_iter().map(move |y| (*x, y)))
+    {
+        assert!(
+            x.1 <= y.0 || y.1 <= x.0,
+            "A's block {x:x?} overlaps B's {y:x?}"
+        );
+    }
+    let (stats, snapshot) = (b.stats(), b.snapshot());
+    for x in &from_a {
+        assert_eq!(
+            b.deallocate_ptr(x.ptr()),
+            Err(AllocError::InvalidPointer(x.ptr())),
+            "B freed A's pointer"
+        );
+        assert!(b.record_stream(x.ptr(), StreamId::sim(7)).is_err());
+    }
+    assert_eq!(b.stats(), stats, "a refused pointer changes no statistic");
+    assert_eq!(b.snapshot(), snapshot, "a refused pointer changes no block");
+    // B's blocks are all still live: its next allocation overlaps none of them.
+    let next = b.allocate(MB, S0).unwrap();
+    let n = ranges(std::slice::from_ref(&next))[0];
+    for y in ranges(&from_b) {
+        assert!(
+            n.1 <= y.0 || y.1 <= n.0,
+            "B's next block overlaps its live {y:x?}"
+        );
+    }
+    for x in from_a {
+        a.deallocate_ptr(x.into_ptr()).unwrap();
+    }
+    for y in from_b.into_iter().chain([next]) {
+        b.deallocate(y).unwrap();
+    }
+    assert_eq!(a.stats().allocated_bytes.all.current, 0);
+    assert_eq!(b.stats().allocated_bytes.all.current, 0);
+}
+
+#[test]
+fn a_foreign_pointer_is_refused_by_address_on_sim_by_every_pair_of_allocators() {
+    let e = || ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
+    let c = || ClassicAllocator::with_alloc_conf(SimBackend::new(), "").unwrap();
+    foreign_pointer_is_refused(&e(), &e());
+    foreign_pointer_is_refused(&c(), &c());
+    foreign_pointer_is_refused(&e(), &c());
+    foreign_pointer_is_refused(&c(), &e());
+    let (a, b) = (c(), c());
+    foreign_pointer_is_refused(&a, &b);
+    a.check_invariants().unwrap();
+    b.check_invariants().unwrap();
+}
+
+#[test]
+fn a_foreign_pointer_is_refused_by_address_on_host() {
+    let host = || {
+        HostBackend::with_config(HostConfig {
+            capacity: 64 * MB,
+            ..HostConfig::default()
+        })
+        .unwrap()
+    };
+    let a = ExpandableAllocator::new(host(), ExpandableConfig::default()).unwrap();
+    let b = ExpandableAllocator::new(host(), ExpandableConfig::default()).unwrap();
+    foreign_pointer_is_refused(&a, &b);
 }

@@ -66,19 +66,67 @@ fn a_request_larger_than_the_device_fails_before_any_driver_work_expandable() {
     }
 }
 
-#[test]
-fn a_request_larger_than_the_device_fails_before_any_driver_work_classic() {
-    let sim = sim(80 * GB);
-    let alloc = ClassicAllocator::with_alloc_conf(sim.clone(), "").unwrap();
-    oversize_fails_fast(&alloc, &sim);
+/// The same request through the classic allocator, which does what PyTorch does (reference
+/// §1.9): no segment is made (the driver would refuse it), the cache is freed, the retry is
+/// counted, then the out-of-memory report. The only driver work: the cached segment's
+/// `cudaFree` (unmap, release, free its reservation) and the report's memory query.
+fn oversize_frees_the_cache_retries_and_fails(
+    alloc: &ClassicAllocator<SimBackend>,
+    sim: &SimBackend,
+) {
+    let cached = alloc.allocate(30 * MB, StreamId::DEFAULT).unwrap();
+    alloc.deallocate(cached).unwrap();
+    let (calls, stats) = (sim.calls(), alloc.stats());
+    assert_eq!(stats.reserved_bytes.all.current, (30 * MB) as u64);
+    let err = alloc.allocate(200 * GB, StreamId::DEFAULT).unwrap_err();
+    assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
+    assert!(
+        err.to_string().contains("Tried to allocate 200.00 GiB"),
+        "{err}"
+    );
+    let calls = sim.calls().since(&calls);
+    for kind in [CallKind::Reserve, CallKind::Create, CallKind::Map] {
+        assert_eq!(calls.calls(kind), 0, "no segment is made: {calls:?}");
+    }
+    assert_eq!(
+        calls.calls(CallKind::MemInfo),
+        1,
+        "the report's memory query"
+    );
+    assert_eq!(
+        calls.calls(CallKind::FreeReservation),
+        1,
+        "the cached segment's cudaFree"
+    );
+    let after = alloc.stats();
+    assert_eq!(after.num_ooms, stats.num_ooms + 1);
+    assert_eq!(
+        after.num_alloc_retries,
+        stats.num_alloc_retries + 1,
+        "PyTorch's retry"
+    );
+    assert_eq!(after.num_device_free, stats.num_device_free + 1);
+    assert_eq!(
+        after.reserved_bytes.all.current, 0,
+        "the cache was emptied before the report"
+    );
+    alloc.check_invariants().unwrap();
+    assert!(sim.live().is_empty(), "nothing left on the device");
 }
 
 #[test]
-fn a_request_larger_than_the_allowed_fraction_fails_fast_too() {
+fn a_request_larger_than_the_device_frees_the_cache_and_fails_without_a_segment_classic() {
+    let sim = sim(80 * GB);
+    let alloc = ClassicAllocator::with_alloc_conf(sim.clone(), "").unwrap();
+    oversize_frees_the_cache_retries_and_fails(&alloc, &sim);
+}
+
+#[test]
+fn a_request_larger_than_the_allowed_fraction_fails_the_same_way() {
     let sim = sim(80 * GB);
     let alloc =
         ClassicAllocator::with_alloc_conf(sim.clone(), "per_process_memory_fraction:0.5").unwrap();
-    oversize_fails_fast(&alloc, &sim);
+    oversize_frees_the_cache_retries_and_fails(&alloc, &sim);
     // Just under the limit is still tried (and served).
     let a = alloc.allocate(38 * GB, StreamId::DEFAULT).unwrap();
     alloc.deallocate(a).unwrap();
