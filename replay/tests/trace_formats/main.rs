@@ -3,6 +3,7 @@
 
 mod builtin_workloads;
 mod hostile;
+mod mechanism_workloads;
 mod native_format;
 mod rmm_csv_reader;
 
