@@ -86,6 +86,14 @@ pub struct ExpandableConfig {
     /// of a segment would otherwise only wait for a request that fits them. Default off (no
     /// synchronization without pressure). PyTorch: off.
     pub remap_before_create: bool,
+    /// A small request (≤ 1 MiB) that finds no free range in the small pool of its stream, when
+    /// a new small page would reach into the headroom, takes the best-fitting free range of the
+    /// large pool of its stream instead of mapping memory (Note \[Borrowing\] in
+    /// `expandable/allocate.rs`): free bytes in partly used large pages, which remapping cannot
+    /// take, serve it; the block counts in the large pool's statistics, whose memory holds it.
+    /// Default on. PyTorch: off (pools
+    /// never share).
+    pub borrow_across_pools: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -108,6 +116,7 @@ impl Default for ExpandableConfig {
             headroom_bytes: 0,
             headroom_fraction: 0.01,
             remap_before_create: false,
+            borrow_across_pools: true,
         }
     }
 }
@@ -117,8 +126,9 @@ impl ExpandableConfig {
     /// 20 MiB large pages, no handle reuse (every unmap releases, every map creates), no remap
     /// (under pressure unmap every free page, then retry), a stream synchronization before every
     /// unmap, VA = 1.125 × device memory, pages of the pool's size under pressure too, no
-    /// headroom (growth takes the device's last free bytes before anything is unmapped), and the
-    /// oversize rules of `max_split_size` applied to expandable blocks.
+    /// headroom (growth takes the device's last free bytes before anything is unmapped), pools
+    /// that never lend each other free ranges, and the oversize rules of `max_split_size`
+    /// applied to expandable blocks.
     pub fn pytorch_expandable() -> Self {
         Self {
             handle_cache: false,
@@ -129,6 +139,7 @@ impl ExpandableConfig {
             headroom_bytes: 0,
             headroom_fraction: 0.0,
             remap_before_create: false,
+            borrow_across_pools: false,
             ..Self::default()
         }
     }

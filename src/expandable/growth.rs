@@ -63,7 +63,7 @@ struct Grown {
 }
 
 impl<B: Backend> State<B> {
-    fn page_for(&self, pool: PoolKind) -> usize {
+    pub(crate) fn page_for(&self, pool: PoolKind) -> usize {
         let page = match pool {
             PoolKind::Small => self.config.small_page,
             PoolKind::Large => self.config.large_page,
@@ -242,7 +242,7 @@ impl<B: Backend> State<B> {
 
     /// Whether taking `want` more bytes, with `held` bytes already taken by the growth in
     /// progress, reaches into the headroom (Note [Headroom]).
-    fn pressured(&self, held: usize, want: usize) -> bool {
+    pub(crate) fn pressured(&self, held: usize, want: usize) -> bool {
         let in_use = self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held;
         in_use.saturating_add(want) > self.soft_limit()
     }

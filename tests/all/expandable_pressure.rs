@@ -161,3 +161,57 @@ fn remap_before_create_reuses_a_hole_too_small_for_the_request() {
     };
     assert_eq!(run(remap), (240 * MB as u64, 1));
 }
+
+/// Note [Borrowing]: on a 24 MiB device, a 12 MiB block and a kept 6 MiB block share a 20 MiB
+/// large page (mapped before any pressure); the 12 MiB block is freed, so 14 MiB of the page lie
+/// free beside a live block and no remap can take them. The small page (2 MiB) is full: three
+/// more 1 MiB requests need two more small pages, 26 MiB in all. PyTorch's policy (and ours
+/// without borrowing) runs out of memory on the third; ours places all three in the large
+/// pool's free ranges, with no driver call, and counts them in the large pool, whose memory
+/// holds them.
+#[test]
+fn a_small_request_under_pressure_borrows_a_free_range_of_the_large_pool() {
+    let run = |config: ExpandableConfig| {
+        let a = on_device(24 * MB, config);
+        let mut live: Vec<_> = (0..2).map(|_| a.allocate(MB, S0).unwrap()).collect();
+        let big = a.allocate(12 * MB, S0).unwrap();
+        live.push(a.allocate(6 * MB, S0).unwrap());
+        assert_eq!(held(&a), 22 * MB as u64, "one small page, one large page");
+        a.deallocate(big).unwrap();
+        let calls = a.stats().calls.total();
+        let more: Vec<_> = (0..3).map(|_| a.allocate(MB, S0)).collect();
+        a.check_invariants().unwrap();
+        let fits = more.iter().all(Result::is_ok);
+        let s = a.stats();
+        let out = (
+            fits,
+            s.allocated_bytes.large_pool.current,
+            s.calls.total() - calls,
+        );
+        let h = held(&a);
+        for b in live.into_iter().chain(more.into_iter().flatten()) {
+            a.deallocate(b).unwrap();
+        }
+        let s = a.stats();
+        assert_eq!(s.allocated_bytes.all.current, 0);
+        assert_eq!(s.allocated_bytes.large_pool.current, 0);
+        a.check_invariants().unwrap();
+        (out, h)
+    };
+    let ((pytorch_fits, _, _), _) = run(ExpandableConfig::pytorch_expandable());
+    assert!(!pytorch_fits, "PyTorch's pools never share: 26 MiB needed");
+    let no_borrow = ExpandableConfig {
+        borrow_across_pools: false,
+        ..ExpandableConfig::default()
+    };
+    assert!(!run(no_borrow).0 .0, "without borrowing: out of memory");
+    let ((fits, large_bytes, calls), h) = run(ExpandableConfig::default());
+    assert!(fits, "borrowing fits the three requests");
+    assert_eq!(
+        large_bytes,
+        9 * MB as u64,
+        "the 6 MiB block and the borrowed 3 × 1 MiB"
+    );
+    assert_eq!(calls, 0, "no driver call: free ranges served them");
+    assert_eq!(h, 22 * MB as u64, "nothing mapped");
+}

@@ -4,6 +4,7 @@
 mod builtin_workloads;
 mod claims;
 mod hostile;
+mod mechanism_workloads;
 mod native_format;
 mod rmm_csv_reader;
 

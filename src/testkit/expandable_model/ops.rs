@@ -295,10 +295,13 @@ pub fn run<B: EmulatedBackend>(
                             a.ptr()
                         );
                         model.note_blocked(stream, a.size());
+                        let pool = Model::pool_holding(&a, &alloc.snapshot())
+                            .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
                         let l = Live {
                             alloc: a,
                             id: step as u64,
                             uses: Vec::new(),
+                            pool,
                         };
                         if bytes {
                             stamp(&backend, &l)?;

@@ -16,6 +16,9 @@ pub struct Live {
     pub id: u64,
     /// Streams it was recorded on (other than its own).
     pub uses: Vec<StreamId>,
+    /// The pool whose segment holds it: its size's, or the large pool for a small block
+    /// borrowed under pressure (Note \[Borrowing\]); see [`Model::pool_holding`].
+    pub pool: PoolKind,
 }
 
 /// A block freed with uses on other streams: the allocator keeps it active until every event
@@ -24,6 +27,7 @@ struct Pending {
     stream: StreamId,
     start: u64,
     size: usize,
+    pool: PoolKind,
     requested: usize,
     /// (stream, its generation at the free, whether the stream was held then).
     events: Vec<(StreamId, u64, bool)>,
@@ -66,6 +70,26 @@ pub struct Model {
 }
 
 impl Model {
+    /// The pool of the segment of `snap` that holds `a`: its size's pool, or the large pool
+    /// for a small block borrowed under pressure; a large block in a small segment, or one in
+    /// no segment, is an error.
+    pub fn pool_holding(a: &Allocation, snap: &Snapshot) -> Result<PoolKind, String> {
+        let at = a.ptr().get();
+        let seg = snap
+            .segments
+            .iter()
+            .find(|s| s.address.get() <= at && at < s.address.get() + s.total_size as u64)
+            .ok_or(format!("{:?} lies in no segment", a.ptr()))?;
+        match (pool_of(a.size()), seg.pool) {
+            (want, got) if want == got => Ok(got),
+            (PoolKind::Small, PoolKind::Large) => Ok(PoolKind::Large),
+            (want, got) => Err(format!(
+                "{:?}: a {want:?} block in a {got:?} segment",
+                a.ptr()
+            )),
+        }
+    }
+
     /// Counts an allocation of `size` on `stream` that a still-pending block of that stream would
     /// have held: the allocator must have put it elsewhere.
     pub fn note_blocked(&mut self, stream: StreamId, size: usize) {
@@ -99,6 +123,7 @@ impl Model {
                 stream: a.stream(),
                 start,
                 size: a.size(),
+                pool: l.pool,
                 requested: a.requested(),
                 events: l
                     .uses
@@ -153,7 +178,7 @@ impl Model {
     fn sums(&self) -> [Sums; 5] {
         let mut s = [[0u64; 2]; 5];
         for l in &self.live {
-            let p = idx(pool_of(l.alloc.size()));
+            let p = idx(l.pool);
             s[0][p] += l.alloc.size() as u64;
             s[1][p] += l.alloc.size() as u64;
             s[2][p] += l.alloc.requested() as u64;
@@ -161,7 +186,7 @@ impl Model {
             s[4][p] += 1;
         }
         for b in &self.pending {
-            let p = idx(pool_of(b.size));
+            let p = idx(b.pool);
             s[1][p] += b.size as u64;
             s[2][p] += b.requested as u64;
             s[4][p] += 1;
