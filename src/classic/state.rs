@@ -264,8 +264,8 @@ impl<B: Backend> State<B> {
         let clock = self.pool(kind).get_free_blocks_call_count;
         let b = self.blocks.at_mut(id);
         b.gc_count_base = clock;
-        let key = b.key(id);
-        self.pool(kind).insert(key);
+        let (key, whole) = (b.key(id), !b.is_split());
+        self.pool(kind).insert(key, whole);
     }
 
     /// Takes a free block out of its pool.
