@@ -199,8 +199,10 @@ impl<B: Backend> State<B> {
     /// The free blocks of a pool that are whole segments, in pool order (the order of PyTorch's
     /// walk over the pool, which skips split blocks): from the pool's index of them, so the cost
     /// is in what is found, not in every free block.
-    fn unsplit_free(&self, kind: PoolKind) -> Vec<BlockId> {
-        self.pool_of(kind).unsplit().map(|k| k.id).collect()
+    fn unsplit_free(&mut self, kind: PoolKind) -> Vec<BlockId> {
+        let found: Vec<BlockId> = self.pool_of(kind).unsplit().map(|k| k.id).collect();
+        self.release_walk_steps += found.len() as u64;
+        found
     }
 
     /// `release_block`: `cudaFree` of a free, unsplit block (a whole segment).
