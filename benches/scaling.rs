@@ -8,6 +8,10 @@
 //! * `<allocator>/streams`: n allocations of 512 B, each on its own stream (so each makes its own
 //!   segment and reservation), then n frees; per event = (alloc + free) / 2n;
 //! * `<allocator>/live`: n allocations of 512 B on one stream, all live, then n frees;
+//! * `classic/oom`: n streams on a device of exactly n small segments, each segment split by one
+//!   live 512-byte block (nothing releasable), then 1000 requests on a new stream that all fail
+//!   (the device is full: each frees what it can, retries and builds the OOM report); per event
+//!   = one failed request. The setup is not timed;
 //! * `sim/reservations`: n reservations of 2 MiB on the bare backend, then n frees;
 //! * `std/btreemap`, `std/hashmap`: the containers the state is made of, bare: n inserts of
 //!   addresses 2 MiB apart (the keys the allocators use), then n removes. No scan can hide in
@@ -65,6 +69,29 @@ fn alloc_free<A: Allocator>(alloc: &A, n: u64, stream_of: impl Fn(u64) -> u64) -
     t.elapsed().as_nanos() as f64 / (2 * n) as f64
 }
 
+/// ns per failed request on a full device of `n` streams (see the module docs).
+fn classic_oom(n: u64) -> f64 {
+    const FAILS: u64 = 1000;
+    let sim = SimBackend::with_config(SimConfig {
+        capacity: n as usize * (2 << 20),
+        va_limit: 1 << 62,
+        ..SimConfig::default()
+    })
+    .expect("sim config");
+    let alloc = ClassicAllocator::with_alloc_conf(sim, "").expect("classic");
+    let live: Vec<_> = (0..n)
+        .map(|i| alloc.allocate(512, StreamId::sim(i + 1)).expect("fits"))
+        .collect();
+    let t = Instant::now();
+    for _ in 0..FAILS {
+        let failed = alloc.allocate(512, StreamId::sim(n + 1));
+        assert!(failed.is_err(), "the device is full");
+    }
+    let ns = t.elapsed().as_nanos() as f64 / FAILS as f64;
+    keep(live);
+    ns
+}
+
 fn reservations(n: u64) -> f64 {
     let sim = sim();
     let t = Instant::now();
@@ -116,13 +143,14 @@ fn main() {
         .take_while(|&n| n <= max)
         .collect();
     type Case = (&'static str, fn(u64) -> f64);
-    let cases: [Case; 7] = [
+    let cases: [Case; 8] = [
         ("expandable/streams", |n| {
             alloc_free(&expandable(), n, |i| i + 1)
         }),
         ("expandable/live", |n| alloc_free(&expandable(), n, |_| 1)),
         ("classic/streams", |n| alloc_free(&classic(), n, |i| i + 1)),
         ("classic/live", |n| alloc_free(&classic(), n, |_| 1)),
+        ("classic/oom", classic_oom),
         ("sim/reservations", reservations),
         ("std/btreemap", |n| {
             container::<Btree>(

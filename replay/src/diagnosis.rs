@@ -5,6 +5,10 @@
 use vmm_alloc::snapshot::{BlockState, Snapshot};
 use vmm_alloc::units::human_bytes;
 
+/// How many streams an [`OomMoment`] names (those holding the most free bytes); the rest are
+/// counted. A log with 200,000 streams must not print 200,000 entries per report (issue 21).
+pub const STREAMS_LISTED: usize = 8;
+
 /// Upper bounds (exclusive) of the free-block size classes; the last class is unbounded.
 pub const SIZE_CLASSES: [u64; 4] = [1 << 20, 10 << 20, 100 << 20, 1 << 30];
 
@@ -61,8 +65,11 @@ pub struct OomMoment {
     pub largest_free_on_stream_bytes: u64,
     /// The fragmentation picture: free blocks by size class ([`SIZE_CLASSES`]).
     pub free_by_size: Vec<SizeClass>,
-    /// Free blocks by the stream they are held for, most bytes first.
+    /// Free blocks by the stream they are held for, most bytes first: the [`STREAMS_LISTED`]
+    /// streams holding the most.
     pub free_by_stream: Vec<StreamFree>,
+    /// The other streams holding free blocks: how many, and their free bytes.
+    pub free_other_streams: (u64, u64),
     /// The simulated device's capacity.
     pub capacity_bytes: u64,
 }
@@ -111,7 +118,8 @@ pub fn diagnose(
             ..SizeClass::default()
         })
         .collect();
-    let mut streams: Vec<StreamFree> = Vec::new();
+    // By stream: O(log streams) a block, not a search of the list (issue 21).
+    let mut streams: std::collections::BTreeMap<u64, StreamFree> = Default::default();
     let (mut largest, mut largest_here, mut allocated) = (0u64, 0u64, 0u64);
     for seg in &snapshot.segments {
         let stream = seg.stream.raw();
@@ -128,25 +136,24 @@ pub fn diagnose(
                     let class = SIZE_CLASSES.iter().take_while(|&&c| size >= c).count();
                     classes[class].count += 1;
                     classes[class].bytes += size;
-                    match streams.iter_mut().find(|s| s.stream == stream) {
-                        Some(s) => {
-                            s.count += 1;
-                            s.bytes += size;
-                            s.largest = s.largest.max(size);
-                        }
-                        None => streams.push(StreamFree {
-                            stream,
-                            count: 1,
-                            bytes: size,
-                            largest: size,
-                        }),
-                    }
+                    let s = streams.entry(stream).or_insert(StreamFree {
+                        stream,
+                        count: 0,
+                        bytes: 0,
+                        largest: 0,
+                    });
+                    s.count += 1;
+                    s.bytes += size;
+                    s.largest = s.largest.max(size);
                 }
             }
         }
     }
     // Most bytes first; the stream number breaks ties so the output is deterministic.
+    let mut streams: Vec<StreamFree> = streams.into_values().collect();
     streams.sort_by_key(|s| (std::cmp::Reverse(s.bytes), s.stream));
+    let rest = streams.split_off(streams.len().min(STREAMS_LISTED));
+    let free_other_streams = (rest.len() as u64, rest.iter().map(|s| s.bytes).sum());
     OomMoment {
         event: request.event,
         request: request.size,
@@ -160,6 +167,7 @@ pub fn diagnose(
         largest_free_on_stream_bytes: largest_here,
         free_by_size: classes,
         free_by_stream: streams,
+        free_other_streams,
         capacity_bytes,
     }
 }
@@ -229,7 +237,13 @@ impl OomMoment {
             })
             .collect();
         if !streams.is_empty() {
-            out.push_str(&format!("  held free by {}\n", streams.join("; ")));
+            let (others, other_bytes) = self.free_other_streams;
+            let rest = if others > 0 {
+                format!("; and {others} more streams holding {}", b(other_bytes))
+            } else {
+                String::new()
+            };
+            out.push_str(&format!("  held free by {}{rest}\n", streams.join("; ")));
         }
         out
     }
@@ -243,5 +257,78 @@ impl SizeClass {
             (lo, Some(hi)) => format!("{}-{}", human_bytes(lo), human_bytes(hi)),
             (lo, None) => format!(">= {}", human_bytes(lo)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vmm_alloc::snapshot::{BlockInfo, SegmentInfo};
+    use vmm_alloc::stats::PoolKind;
+    use vmm_alloc::{DevAddr, StreamId};
+
+    /// `n` segments of 2 MiB, segment `i` on stream `i` with `i + 1` free 512-byte blocks
+    /// (stream `n - 1` holds the most).
+    fn streams_holding_free_blocks(n: u64) -> Snapshot {
+        let segments = (0..n)
+            .map(|i| {
+                let address = DevAddr::new((i + 1) << 32);
+                let blocks = (0..=i)
+                    .map(|j| BlockInfo {
+                        address: DevAddr::new(address.get() + j * 1024),
+                        size: 512,
+                        requested_size: 0,
+                        state: BlockState::Inactive,
+                    })
+                    .collect();
+                SegmentInfo {
+                    address,
+                    total_size: 2 << 20,
+                    mapped_size: 2 << 20,
+                    allocated_size: 0,
+                    stream: StreamId::sim(i),
+                    pool: PoolKind::Small,
+                    blocks,
+                }
+            })
+            .collect();
+        Snapshot { segments }
+    }
+
+    #[test]
+    fn the_report_names_the_streams_holding_most_and_counts_the_rest() {
+        let request = Request {
+            event: 7,
+            size: 1 << 20,
+            stream: 0,
+            recorded: false,
+            served: false,
+        };
+        let m = diagnose(
+            request,
+            &streams_holding_free_blocks(20),
+            0,
+            40 << 20,
+            80 << 30,
+        );
+        let listed: Vec<u64> = m.free_by_stream.iter().map(|s| s.stream).collect();
+        assert_eq!(
+            listed,
+            (12..20).rev().collect::<Vec<u64>>(),
+            "most bytes first"
+        );
+        assert_eq!(m.free_by_stream[0].count, 20);
+        // Streams 0..12 hold 1 + 2 + ... + 12 blocks of 512 bytes.
+        assert_eq!(m.free_other_streams, (12, 78 * 512));
+        let text = m.describe();
+        assert!(
+            text.contains("stream 0x13: 10.00 KiB in 20 blocks"),
+            "{text}"
+        );
+        assert!(
+            text.contains("; and 12 more streams holding 39.00 KiB"),
+            "{text}"
+        );
+        assert!(!text.contains("stream 0xb:"), "{text}");
     }
 }

@@ -4,7 +4,8 @@
 //!   overlap, all of its stream and pool, multiples of 512 bytes, summing to its size.
 //! * Each free block whose events have completed is filed in its pool's best-fit set under its
 //!   (stream, size, address), and nothing else is; no two such blocks are neighbours (PyTorch
-//!   merges them in `free_block`).
+//!   merges them in `free_block`); the pool's index of whole free segments holds exactly the
+//!   filed blocks that are not split (what `release_cached_blocks` frees).
 //! * Each allocated block is in the pointer map under its address, and nothing else is; each
 //!   block waiting for events is named by exactly `event_count` queued events.
 //! * The statistics equal the sums: `allocation`, `active`, `segment`, `inactive_split` and
@@ -35,6 +36,8 @@ struct Sums {
     requested: usize,
     /// Free blocks filed in a pool.
     cached: usize,
+    /// Of those, the whole segments (unsplit).
+    cached_whole: usize,
     /// Free blocks that split a segment: count, bytes.
     inactive_split: (u64, usize),
     oversize_allocations: u64,
@@ -147,7 +150,13 @@ impl<B: Backend> State<B> {
     /// One block's record: where it is filed for its role, and what it adds to the sums.
     fn check_block(&self, id: BlockId, b: &Block, sums: &mut Sums) -> Result<(), V> {
         let at = DevAddr::new(b.ptr);
-        let filed = self.pool_of(b.pool).contains(&b.key(id));
+        let pool = self.pool_of(b.pool);
+        let filed = pool.contains(&b.key(id));
+        // Filed among the whole segments exactly when cached and unsplit.
+        let filed_whole = pool.is_filed_unsplit(&b.key(id));
+        if filed_whole != (role(b) == Role::Cached && !b.is_split()) {
+            return Err(V::NotIndexed { at, len: b.size });
+        }
         let mapped = self.active.get(&b.ptr) == Some(&id);
         let role = role(b);
         if filed != (role == Role::Cached) {
@@ -173,6 +182,7 @@ impl<B: Backend> State<B> {
             }
             Role::Cached => {
                 sums.cached += 1;
+                sums.cached_whole += usize::from(!b.is_split());
                 if b.is_split() {
                     sums.inactive_split.0 += 1;
                     sums.inactive_split.1 += b.size;
@@ -189,6 +199,14 @@ impl<B: Backend> State<B> {
             return Err(V::IndexCount {
                 indexed,
                 free: sums.cached,
+            });
+        }
+        let whole = self.small.unsplit_len() + self.large.unsplit_len();
+        if whole != sums.cached_whole {
+            return Err(V::Count {
+                what: "whole free segments in the pools' unsplit index",
+                kept: whole,
+                found: sums.cached_whole,
             });
         }
         if self.active.len() as u64 != sums.allocated.0 {
@@ -318,6 +336,26 @@ mod tests {
         let mut s = state_with_a_split_segment();
         let key = *s.large.iter().next().expect("a cached block");
         s.large.remove(&key);
+        let v = s.check().unwrap_err();
+        assert_eq!(
+            v,
+            V::NotIndexed {
+                at: DevAddr::new(key.ptr),
+                len: key.size
+            }
+        );
+    }
+
+    #[test]
+    fn a_whole_free_segment_missing_from_the_unsplit_index_is_found() {
+        let mut s = State::new(SimBackend::new(), AllocConf::default()).unwrap();
+        let a = s.malloc(3 << 20, StreamId::DEFAULT).unwrap();
+        s.free(a.ptr()).unwrap();
+        s.check().unwrap();
+        // File it again as if it were split: `release_cached_blocks` would never free it.
+        let key = *s.large.unsplit().next().expect("a whole free segment");
+        s.large.remove(&key);
+        s.large.insert(key, false);
         let v = s.check().unwrap_err();
         assert_eq!(
             v,

@@ -138,6 +138,14 @@ impl<B: Backend> ClassicAllocator<B> {
         self.state.lock().check()
     }
 
+    /// Free blocks the release walks (`release_cached_blocks`, the garbage collector) have
+    /// visited so far: work that must grow with what they free, not with every free block
+    /// (issue 21). A test kit counter.
+    #[cfg(feature = "testkit")]
+    pub fn release_walk_steps(&self) -> u64 {
+        self.state.lock().release_walk_steps
+    }
+
     /// `oversize_allocations` and `oversize_segments` (current): blocks and segments of at least
     /// `max_split_size` bytes.
     pub fn oversize(&self) -> (u64, u64) {

@@ -196,13 +196,13 @@ impl<B: Backend> State<B> {
         Ok(())
     }
 
-    /// The free blocks of a pool that are whole segments, in pool order.
-    fn unsplit_free(&self, kind: PoolKind) -> Vec<BlockId> {
-        self.pool_of(kind)
-            .iter()
-            .map(|k| k.id)
-            .filter(|&id| !self.blocks.at(id).is_split())
-            .collect()
+    /// The free blocks of a pool that are whole segments, in pool order (the order of PyTorch's
+    /// walk over the pool, which skips split blocks): from the pool's index of them, so the cost
+    /// is in what is found, not in every free block.
+    fn unsplit_free(&mut self, kind: PoolKind) -> Vec<BlockId> {
+        let found: Vec<BlockId> = self.pool_of(kind).unsplit().map(|k| k.id).collect();
+        self.release_walk_steps += found.len() as u64;
+        found
     }
 
     /// `release_block`: `cudaFree` of a free, unsplit block (a whole segment).
@@ -252,13 +252,20 @@ impl<B: Backend> State<B> {
             self.release_block(id)?;
             return Ok(true);
         }
-        // No single block is large enough: free oversize blocks of this stream, largest first.
+        // No single block is large enough: free oversize blocks of this stream, largest first,
+        // until enough is freed (only those are visited: the walk stops where the loop below
+        // would, so its cost is in what it frees).
         let candidates: Vec<(usize, BlockId)> = self
             .pool(kind)
             .below(stream, key)
             .rev()
             .take_while(|k| k.stream == stream && k.size >= max_split)
-            .map(|k| (k.size, k.id))
+            .scan(0usize, |taken, k| {
+                (*taken < key).then(|| {
+                    *taken += k.size;
+                    (k.size, k.id)
+                })
+            })
             .collect();
         let mut released = 0;
         for (len, id) in candidates {

@@ -51,6 +51,8 @@ pub(crate) struct State<B: Backend> {
     pub(crate) segment_log_base: u64,
     /// This allocator's id, stamped on every allocation.
     pub(crate) owner: crate::allocator::AllocatorId,
+    /// Free blocks visited by the release walks so far (`release_walk_steps`).
+    pub(crate) release_walk_steps: u64,
     /// The recorded `malloc` being replayed, if any (Note [Recorded mallocs]).
     pub(crate) replaying: Option<crate::classic::recorded::Replaying>,
 }
@@ -86,6 +88,7 @@ impl<B: Backend> State<B> {
             segment_log: None,
             segment_log_base: 0,
             owner: crate::allocator::AllocatorId::fresh(),
+            release_walk_steps: 0,
             replaying: None,
         })
     }
@@ -264,8 +267,8 @@ impl<B: Backend> State<B> {
         let clock = self.pool(kind).get_free_blocks_call_count;
         let b = self.blocks.at_mut(id);
         b.gc_count_base = clock;
-        let key = b.key(id);
-        self.pool(kind).insert(key);
+        let (key, whole) = (b.key(id), !b.is_split());
+        self.pool(kind).insert(key, whole);
     }
 
     /// Takes a free block out of its pool.

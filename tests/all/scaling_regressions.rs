@@ -165,3 +165,62 @@ fn driver_calls_per_operation_do_not_grow_with_the_streams_served() {
         c.check_invariants().unwrap();
     }
 }
+
+/// `n` streams on a device of exactly `n` small segments, each holding one live 512-byte block
+/// and its free remainder (split: nothing to release), then a request on a new stream: the
+/// device is full, every retry fails, and the release walks must not visit the `n` free
+/// remainders (they did: PyTorch's walk over every free block, O(n) per failure, issue 21).
+fn classic_release_steps_on_a_full_device(n: u64) -> u64 {
+    let sim = sim(n as usize * 2 * MB);
+    let alloc = ClassicAllocator::with_alloc_conf(sim.clone(), "").unwrap();
+    let _live: Vec<_> = (0..n)
+        .map(|i| alloc.allocate(512, StreamId::sim(i + 1)).unwrap())
+        .collect();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, n * 2 * MB as u64);
+    let steps = alloc.release_walk_steps();
+    for _ in 0..3 {
+        let err = alloc.allocate(512, StreamId::sim(n + 1)).unwrap_err();
+        assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
+    }
+    assert_eq!(alloc.stats().num_alloc_retries, 3);
+    alloc.check_invariants().unwrap();
+    alloc.release_walk_steps() - steps
+}
+
+#[test]
+fn a_failing_allocation_on_a_full_device_visits_no_unreleasable_block_classic() {
+    for n in [1 << 10, 1 << 14] {
+        assert_eq!(
+            classic_release_steps_on_a_full_device(n),
+            0,
+            "n = {n}: no free block is a whole segment, so nothing may be walked"
+        );
+    }
+}
+
+/// The releasable ones are still found, in PyTorch's order, and only they are visited: free
+/// three whole segments among `n` split ones and ask for a segment more than the device has
+/// free.
+#[test]
+fn a_failing_allocation_releases_exactly_the_whole_free_segments_classic() {
+    let n: u64 = 1 << 12;
+    let sim = sim(n as usize * 2 * MB);
+    let alloc = ClassicAllocator::with_alloc_conf(sim.clone(), "").unwrap();
+    let mut live: Vec<_> = (0..n)
+        .map(|i| alloc.allocate(512, StreamId::sim(i + 1)).unwrap())
+        .collect();
+    for a in live.drain(..3) {
+        alloc.deallocate(a).unwrap();
+    }
+    let steps = alloc.release_walk_steps();
+    // A 20 MiB segment does not fit the 6 MiB the three cached segments hold.
+    let err = alloc.allocate(2 * MB, StreamId::sim(n + 1)).unwrap_err();
+    assert!(matches!(err, AllocError::OutOfMemory(_)), "{err}");
+    assert_eq!(alloc.release_walk_steps() - steps, 3);
+    assert_eq!(
+        alloc.stats().reserved_bytes.all.current,
+        (n - 3) * 2 * MB as u64,
+        "the three whole free segments were given back"
+    );
+    alloc.check_invariants().unwrap();
+}

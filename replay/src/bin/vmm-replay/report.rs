@@ -275,6 +275,9 @@ pub fn moment_json(m: &OomMoment) -> Value {
         "free_by_stream": m.free_by_stream.iter().map(|s| json!({
             "stream": s.stream, "count": s.count, "bytes": s.bytes, "largest_bytes": s.largest,
         })).collect::<Vec<_>>(),
+        "free_other_streams": json!({
+            "streams": m.free_other_streams.0, "bytes": m.free_other_streams.1,
+        }),
     })
 }
 
