@@ -1,6 +1,7 @@
 //! The free ranges: every free range is a free piece of its segment's tiling (Note [Pieces] in
 //! `pieces.rs`) and an entry of its (stream, pool)'s best-fit index, keyed (length, start,
-//! piece). The functions here are the only ones that change either, so the two stay in step.
+//! piece). The functions here are the only ones that change either, so the two stay in step;
+//! each marks its slot touched for the release index (Note [Release index]).
 
 use crate::backend::Backend;
 use crate::expandable::pieces::{Kind, PieceId, NIL};
@@ -17,6 +18,7 @@ impl<B: Backend> State<B> {
     /// Carves `take` bytes from the front of free piece `id` (indexed in `slot`) into a used
     /// piece, which is returned: what every allocation does.
     pub(super) fn take_front(&mut self, slot: u32, id: PieceId, take: usize) -> PieceId {
+        self.releasable.touch(slot);
         let old = self.entry(id);
         if take == old.len {
             self.index.at_mut(slot).remove(old);
@@ -36,6 +38,7 @@ impl<B: Backend> State<B> {
     /// around it; returns the merged piece. What every free does: no lookup, the neighbours are
     /// linked (Note [Pieces]).
     pub(crate) fn make_free(&mut self, slot: u32, id: PieceId) -> PieceId {
+        self.releasable.touch(slot);
         self.pieces.set_kind(id, Kind::Free);
         let (mut cur, mut replaced) = (id, None);
         let next = self.pieces.get(id).next;
@@ -101,6 +104,7 @@ impl<B: Backend> State<B> {
         let p = *self.pieces.get(id);
         let end = at + len as u64;
         debug_assert!(p.kind == Kind::Free && p.start <= at && end <= p.end());
+        self.releasable.touch(s.slot);
         let ix = self.index.at_mut(s.slot);
         ix.remove(FreeRange::new(p.len, p.start, id));
         let mut front = None;

@@ -221,6 +221,7 @@ impl<B: Backend> State<B> {
         self.segments
             .insert(key, Segment::new(va, stream, pool, slot, tail));
         self.segments_by_slot.insert((slot, key));
+        self.releasable.touch(slot);
         self.stats.segment.increase(pool, 1);
         Ok(Target {
             seg: key,
@@ -323,7 +324,10 @@ impl<B: Backend> State<B> {
     ) -> Result<bool, GrowFail> {
         let cands = match listed {
             Some(c) => c,
-            None => listed.insert(self.harvest_candidates(exclude)),
+            None => {
+                self.update_release_index();
+                listed.insert(self.harvest_candidates(exclude))
+            }
         };
         let segments = &self.segments;
         // In the headroom (`quiet_only`): a chunk that needs no synchronization and no larger
@@ -357,12 +361,19 @@ impl<B: Backend> State<B> {
         Ok(true)
     }
 
-    /// Every fully-free chunk of every segment, outside `exclude` = (segment, from, to).
-    fn harvest_candidates(&self, exclude: (SegmentKey, u64, u64)) -> Vec<(SegmentKey, FreeChunk)> {
+    /// Every fully-free chunk of every segment, outside `exclude` = (segment, from, to), in
+    /// address order. Only the segments of the release index can hold one (Note [Release
+    /// index]): the caller brings it up to date.
+    fn harvest_candidates(
+        &mut self,
+        exclude: (SegmentKey, u64, u64),
+    ) -> Vec<(SegmentKey, FreeChunk)> {
         let (ex_seg, ex_from, ex_to) = exclude;
         let mut out = Vec::new();
-        for (&key, seg) in &self.segments {
-            for c in self.free_chunks(seg) {
+        let mut visited = 0;
+        for key in self.releasable.segments() {
+            visited += 1;
+            for c in self.free_chunks(&self.segments[&key]) {
                 let (at, len) = (c.at, c.chunk.len);
                 if key == ex_seg && at < ex_to && at + len as u64 > ex_from {
                     continue;
@@ -370,6 +381,7 @@ impl<B: Backend> State<B> {
                 out.push((key, c));
             }
         }
+        self.releasable.visits += visited;
         out
     }
 
@@ -395,6 +407,7 @@ impl<B: Backend> State<B> {
             // more, nothing can be allocated in it, no statistic but `stuck_bytes` counts it.
             if let Some(seg) = self.segments.remove(&target.seg) {
                 self.segments_by_slot.remove(&(seg.slot, target.seg));
+                self.releasable.set(target.seg, false);
                 self.pieces.release_tiling(seg.tail);
                 self.stats.segment.decrease(seg.pool, 1);
                 let mut left = Leftover::reservation(seg.va);
@@ -442,10 +455,9 @@ impl<B: Backend> State<B> {
                     handle: c.handle,
                     len: c.len,
                 };
-                self.segments
-                    .get_mut(&seg)
-                    .expect("segment_of found it")
-                    .add_stuck(c.at, chunk);
+                let s = self.segments.get_mut(&seg).expect("segment_of found it");
+                s.add_stuck(c.at, chunk);
+                self.releasable.touch(s.slot);
             }
         }
         unmapped

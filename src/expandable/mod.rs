@@ -16,6 +16,7 @@ mod growth;
 mod handle_cache;
 mod pieces;
 mod recent_frees;
+mod releasable;
 mod release;
 mod segment;
 mod size_index;
@@ -80,6 +81,14 @@ impl<B: Backend> ExpandableAllocator<B> {
     /// violation. Walks the whole state: for tests and debugging.
     pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
         self.state.lock().check()
+    }
+
+    /// Segments the release path (`empty_cache`, the last resort of a failing allocation) has
+    /// examined or walked so far: work that must grow with what changed and what it gives back,
+    /// not with every segment (issue 21). A test kit counter.
+    #[cfg(feature = "testkit")]
+    pub fn release_walk_steps(&self) -> u64 {
+        self.state.lock().releasable.visits
     }
 }
 

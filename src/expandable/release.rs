@@ -4,7 +4,7 @@
 use crate::backend::{Backend, CallKind, PhysHandle};
 use crate::error::{AllocError, BackendError};
 use crate::expandable::pieces::PieceId;
-use crate::expandable::segment::{Chunk, FreeChunk, SegmentKey};
+use crate::expandable::segment::{Chunk, FreeChunk, Segment, SegmentKey};
 use crate::expandable::state::State;
 use crate::mechanism::counters::track;
 use crate::mechanism::deferred::Leftover;
@@ -23,7 +23,11 @@ impl<B: Backend> State<B> {
         self.process_events(true)?;
         // What the driver refused before is tried again; what it refuses again stays deferred.
         let _ = self.retry_deferred();
-        let keys: Vec<SegmentKey> = self.segments.keys().copied().collect();
+        // Only the segments with something to give back, in address order as before
+        // (Note [Release index]).
+        self.update_release_index();
+        let keys: Vec<SegmentKey> = self.releasable.segments().collect();
+        self.releasable.visits += keys.len() as u64;
         for seg in keys {
             self.unmap_stuck(seg)?;
             let chunks = self.free_chunks(&self.segments[&seg]);
@@ -37,12 +41,41 @@ impl<B: Backend> State<B> {
             let s = &self.segments[&seg];
             if s.chunks.is_empty() && s.stuck.is_empty() {
                 self.free_segment(seg)?;
+            } else {
+                // Every free chunk and stuck chunk is gone: nothing left to give back.
+                self.releasable.set(seg, false);
             }
         }
+        // The walk touched only the slots of the segments it emptied, all now up to date.
+        self.releasable.take_touched();
         if trim {
             self.trim_cache(self.cache_bound())?;
         }
         Ok(())
+    }
+
+    /// Re-examines the segments of the slots touched since the last call, so that the release
+    /// index holds exactly the segments with something to give back (Note [Release index]).
+    pub(crate) fn update_release_index(&mut self) {
+        for slot in self.releasable.take_touched() {
+            let range = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
+            let keys: Vec<SegmentKey> = self
+                .segments_by_slot
+                .range(range)
+                .map(|&(_, k)| k)
+                .collect();
+            self.releasable.visits += keys.len() as u64;
+            for seg in keys {
+                let has = self.has_releasable(&self.segments[&seg]);
+                self.releasable.set(seg, has);
+            }
+        }
+    }
+
+    /// Whether `seg` has something `release_cached` gives back: a stuck chunk, a chunk wholly
+    /// free, or no chunk at all (the segment itself goes).
+    pub(crate) fn has_releasable(&self, seg: &Segment) -> bool {
+        !seg.stuck.is_empty() || seg.chunks.is_empty() || !self.free_chunks(seg).is_empty()
     }
 
     /// Keeps the handle of an unmapped chunk in the cache, or releases it without the cache.
@@ -85,6 +118,7 @@ impl<B: Backend> State<B> {
             track(&mut self.stats, CallKind::Unmap, unmapped)?;
             if let Some(s) = self.segments.get_mut(&seg) {
                 s.remove_stuck(at);
+                self.releasable.touch(s.slot);
             }
             self.unmapped_handle(chunk)?;
         }
@@ -131,6 +165,7 @@ impl<B: Backend> State<B> {
         )?;
         if let Some(s) = self.segments.remove(&seg) {
             self.segments_by_slot.remove(&(s.slot, seg));
+            self.releasable.set(seg, false);
             self.pieces.release_tiling(s.tail);
             self.stats.segment.decrease(s.pool, 1);
         }

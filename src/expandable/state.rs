@@ -17,6 +17,7 @@ use crate::error::AllocError;
 use crate::expandable::handle_cache::HandleCache;
 use crate::expandable::pieces::{PieceId, Pieces};
 use crate::expandable::recent_frees::RecentFrees;
+use crate::expandable::releasable::ReleaseIndex;
 use crate::expandable::segment::{Segment, SegmentKey};
 use crate::expandable::size_index::Indexes;
 use crate::mechanism::deferred::Deferred;
@@ -63,6 +64,8 @@ pub(crate) struct State<B: Backend> {
     pub(crate) index: Indexes,
     /// Every segment's pieces (Note [Pieces]).
     pub(crate) pieces: Pieces,
+    /// The segments with something to give back (Note [Release index]).
+    pub(crate) releasable: ReleaseIndex,
     pub(crate) live: FxHashMap<u64, Block>,
     pub(crate) pending: Vec<Pending>,
     pub(crate) cache: HandleCache,
@@ -112,6 +115,7 @@ impl<B: Backend> State<B> {
             segments_by_slot: BTreeSet::new(),
             index: Indexes::default(),
             pieces: Pieces::default(),
+            releasable: ReleaseIndex::default(),
             live: FxHashMap::default(),
             pending: Vec::new(),
             cache: HandleCache::default(),

@@ -9,6 +9,34 @@ use crate::mechanism::violation::{
 use crate::units::DevAddr;
 
 impl<B: Backend> State<B> {
+    /// The release index (Note [Release index]) against a recomputation: every segment of an
+    /// untouched slot is filed exactly when it has something to give back, and nothing else is
+    /// filed.
+    pub(super) fn check_release_index(&self) -> Result<(), V> {
+        let mut filed = 0;
+        for (&key, seg) in &self.segments {
+            let is_filed = self.releasable.contains(key);
+            filed += usize::from(is_filed);
+            if self.releasable.is_touched(seg.slot) {
+                continue;
+            }
+            if is_filed != self.has_releasable(seg) {
+                return Err(V::NotIndexed {
+                    at: DevAddr::new(key.start()),
+                    len: seg.va.len,
+                });
+            }
+        }
+        if filed != self.releasable.len() {
+            return Err(V::Count {
+                what: "segments in the release index, against the live segments filed",
+                kept: self.releasable.len(),
+                found: filed,
+            });
+        }
+        Ok(())
+    }
+
     /// Every piece in use is in a tiling; every index entry is a free piece; the handle cache's
     /// counts match its lists.
     pub(super) fn check_counts(&self, sums: &Sums) -> Result<(), V> {

@@ -34,6 +34,7 @@ impl<B: Backend> State<B> {
             self.check_segment(key, seg, &mut sums)?;
         }
         self.check_counts(&sums)?;
+        self.check_release_index()?;
         self.check_live_blocks()?;
         self.check_stats(&sums)
     }
@@ -66,6 +67,37 @@ mod tests {
             ),
             "{v}"
         );
+    }
+
+    #[test]
+    fn a_segment_missing_from_the_release_index_is_found() {
+        let mut s = State::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
+        let a = s.allocate(3 << 20, StreamId::DEFAULT).unwrap();
+        let _live = s.allocate(5000, StreamId::DEFAULT).unwrap();
+        s.deallocate(a.ptr()).unwrap();
+        // Bring the index up to date, as the release path does, without releasing anything.
+        s.update_release_index();
+        s.check().unwrap();
+        let seg = s.segment_of(a.ptr().get()).unwrap();
+        assert!(
+            s.releasable.contains(seg),
+            "its freed 4 MiB hold a whole free page"
+        );
+        s.releasable.set(seg, false);
+        let v = s.check().unwrap_err();
+        assert!(
+            matches!(v, V::NotIndexed { at, .. } if at.get() == seg.start()),
+            "{v}"
+        );
+        // And one filed with nothing to give back.
+        s.releasable.set(seg, true);
+        s.check().unwrap();
+        let b = s.allocate(3 << 20, StreamId::DEFAULT).unwrap();
+        s.update_release_index();
+        s.releasable.set(seg, true);
+        let v = s.check().unwrap_err();
+        assert!(matches!(v, V::NotIndexed { .. }), "{v}");
+        s.deallocate(b.ptr()).unwrap();
     }
 
     #[test]
