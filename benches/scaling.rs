@@ -12,6 +12,10 @@
 //!   live 512-byte block (nothing releasable), then 1000 requests on a new stream that all fail
 //!   (the device is full: each frees what it can, retries and builds the OOM report); per event
 //!   = one failed request. The setup is not timed;
+//! * `expandable/oom`: n streams on a device of exactly n large pages, each stream's segment
+//!   mapping one page filled by one live block (nothing releasable), an `empty_cache` (so the
+//!   release index has seen the setup), then 1000 requests of a page on a new stream that all
+//!   fail; per event = one failed request. The setup is not timed;
 //! * `sim/reservations`: n reservations of 2 MiB on the bare backend, then n frees;
 //! * `std/btreemap`, `std/hashmap`: the containers the state is made of, bare: n inserts of
 //!   addresses 2 MiB apart (the keys the allocators use), then n removes. No scan can hide in
@@ -92,6 +96,31 @@ fn classic_oom(n: u64) -> f64 {
     ns
 }
 
+/// ns per failed request on a full device of `n` expandable segments (see the module docs).
+fn expandable_oom(n: u64) -> f64 {
+    const FAILS: u64 = 1000;
+    let page = ExpandableConfig::default().large_page;
+    let sim = SimBackend::with_config(SimConfig {
+        capacity: n as usize * page,
+        va_limit: 1 << 62,
+        ..SimConfig::default()
+    })
+    .expect("sim config");
+    let alloc = ExpandableAllocator::new(sim, ExpandableConfig::default()).expect("expandable");
+    let live: Vec<_> = (0..n)
+        .map(|i| alloc.allocate(page, StreamId::sim(i + 1)).expect("fits"))
+        .collect();
+    alloc.empty_cache().expect("empty_cache");
+    let t = Instant::now();
+    for _ in 0..FAILS {
+        let failed = alloc.allocate(page, StreamId::sim(n + 1));
+        assert!(failed.is_err(), "the device is full");
+    }
+    let ns = t.elapsed().as_nanos() as f64 / FAILS as f64;
+    keep(live);
+    ns
+}
+
 fn reservations(n: u64) -> f64 {
     let sim = sim();
     let t = Instant::now();
@@ -143,7 +172,7 @@ fn main() {
         .take_while(|&n| n <= max)
         .collect();
     type Case = (&'static str, fn(u64) -> f64);
-    let cases: [Case; 8] = [
+    let cases: [Case; 9] = [
         ("expandable/streams", |n| {
             alloc_free(&expandable(), n, |i| i + 1)
         }),
@@ -151,6 +180,7 @@ fn main() {
         ("classic/streams", |n| alloc_free(&classic(), n, |i| i + 1)),
         ("classic/live", |n| alloc_free(&classic(), n, |_| 1)),
         ("classic/oom", classic_oom),
+        ("expandable/oom", expandable_oom),
         ("sim/reservations", reservations),
         ("std/btreemap", |n| {
             container::<Btree>(
