@@ -215,3 +215,16 @@ fn skipped_lines_are_counted_in_the_summary_and_the_json() {
     assert_eq!(trace["skipped"]["zero-byte allocations"], 1);
     assert_eq!(trace["events"], 2);
 }
+
+#[test]
+fn an_unknown_workload_lists_every_workload_including_the_mechanism_ones() {
+    let o = vmm_replay(&["--workload", "no-such-workload"]);
+    assert!(!o.status.success(), "an unknown workload must fail");
+    let err = stderr(&o);
+    for name in ["transformer-training", "rmm-random", "small-after-large"] {
+        assert!(err.contains(name), "the message lists {name}: {err}");
+    }
+    // The mechanism workload it names is one the CLI runs.
+    let report = replay_json(&["--workload", "small-after-large"]);
+    assert_eq!(report["traces"].as_array().map(Vec::len), Some(1));
+}

@@ -254,8 +254,9 @@ fn read_traces(args: &Args) -> Result<Vec<Trace>, String> {
         let trace = workloads::by_name(name, args.seed, args.ops, args.max_size);
         traces.push(trace.ok_or_else(|| {
             format!(
-                "unknown workload {name:?}: expected one of {}",
-                workloads::NAMES.join(", ")
+                "unknown workload {name:?}: expected one of {}, or a mechanism workload: {}",
+                workloads::NAMES.join(", "),
+                workloads::MECHANISMS.join(", ")
             )
         })?);
     }
