@@ -93,15 +93,8 @@ fn a_classic_allocation_is_refused_by_an_expandable_allocator_and_back() {
 
 #[test]
 fn foreign_allocations_are_refused_on_host() {
-    let host = || {
-        HostBackend::with_config(HostConfig {
-            capacity: 64 * MB,
-            ..HostConfig::default()
-        })
-        .unwrap()
-    };
-    let a = ExpandableAllocator::new(host(), ExpandableConfig::default()).unwrap();
-    let b = ClassicAllocator::with_alloc_conf(host(), "").unwrap();
+    let a = ExpandableAllocator::new(small_host(), ExpandableConfig::default()).unwrap();
+    let b = ClassicAllocator::with_alloc_conf(small_host(), "").unwrap();
     let x = a.allocate(MB, S0).unwrap();
     let ptr = x.ptr();
     let before = b.stats();
@@ -199,14 +192,16 @@ fn a_foreign_pointer_is_refused_by_address_on_sim_by_every_pair_of_allocators() 
 
 #[test]
 fn a_foreign_pointer_is_refused_by_address_on_host() {
-    let host = || {
-        HostBackend::with_config(HostConfig {
-            capacity: 64 * MB,
-            ..HostConfig::default()
-        })
-        .unwrap()
-    };
-    let a = ExpandableAllocator::new(host(), ExpandableConfig::default()).unwrap();
-    let b = ExpandableAllocator::new(host(), ExpandableConfig::default()).unwrap();
+    let a = ExpandableAllocator::new(small_host(), ExpandableConfig::default()).unwrap();
+    let b = ExpandableAllocator::new(small_host(), ExpandableConfig::default()).unwrap();
     foreign_pointer_is_refused(&a, &b);
+}
+
+/// A 64 MiB Host backend (real memory: kept small so the tests run anywhere).
+fn small_host() -> HostBackend {
+    HostBackend::with_config(HostConfig {
+        capacity: 64 * MB,
+        ..HostConfig::default()
+    })
+    .unwrap()
 }
