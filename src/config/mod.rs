@@ -61,11 +61,12 @@ pub struct ExpandableConfig {
     pub faithful_oversize: bool,
     /// `max_non_split_rounding_mb` in bytes (used with `faithful_oversize`).
     pub max_non_split_rounding: usize,
-    /// Page size chosen by pressure: when a full page would take memory beyond the headroom
-    /// (see [`headroom_bytes`](Self::headroom_bytes)) or beyond the device, a growth maps only
-    /// the bytes its request needs (rounded to the backend's granularity, one handle) instead of
-    /// rounding its last page up to `large_page`. Without pressure pages stay large (few driver
-    /// calls); under pressure no growth wastes a page's tail. PyTorch: off.
+    /// Page size chosen at the device's end: when a full page would take memory beyond the
+    /// device (or the memory fraction), a growth maps only the bytes its request needs (rounded
+    /// to the backend's granularity, one handle) instead of rounding its last page up to
+    /// `large_page`, so no request fails for a page's unused tail. Everywhere else pages stay
+    /// whole (few driver calls; the headroom does not cut them: a cut tail there saves no
+    /// capacity and costs the next request a growth). PyTorch: off.
     pub pressure_tail: bool,
     /// Headroom kept for what lives outside the allocator (the CUDA context, library
     /// workspaces, other processes): the allocator does not create new physical memory beyond
