@@ -2,7 +2,7 @@
 //! `PYTORCH_CUDA_ALLOC_CONF` and our own options (`VMM_ALLOC_CONF`), validated once, before the
 //! first device is opened.
 
-use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::config::{ExpandableConfig, OWN_KEYS};
 
 /// Which backend every device uses.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -44,8 +44,9 @@ pub struct Settings {
 /// Help appended to every configuration error.
 const OURS_HELP: &str = "VMM_ALLOC_CONF takes comma-separated key:value pairs: \
 policy:expandable|pytorch-expandable, handle_cache:True|False, handle_cache_limit_mb:N, \
-remap_defrag:True|False, sync_only_after_frees:True|False, small_page_mb:N, large_page_mb:N, \
-capacity_mb:N (host and sim backends only)";
+remap_defrag:True|False, remap_before_create:True|False, sync_only_after_frees:True|False, \
+pressure_tail:True|False, borrow_across_pools:True|False, headroom_fraction:F, headroom_mb:N, \
+va_factor:F, small_page_mb:N, large_page_mb:N, capacity_mb:N (host and sim backends only)";
 
 impl Settings {
     /// Reads `VMM_ALLOC_BACKEND`, `PYTORCH_CUDA_ALLOC_CONF` and `VMM_ALLOC_CONF`.
@@ -105,14 +106,6 @@ impl Settings {
     }
 }
 
-fn parse_bool(key: &str, v: &str) -> Result<bool, String> {
-    match v {
-        "True" | "true" | "1" => Ok(true),
-        "False" | "false" | "0" => Ok(false),
-        _ => Err(format!("{key} takes True or False, not {v:?}")),
-    }
-}
-
 fn parse_mb(key: &str, v: &str) -> Result<usize, String> {
     v.parse::<usize>()
         .ok()
@@ -120,11 +113,17 @@ fn parse_mb(key: &str, v: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{key} takes a whole number of MiB, not {v:?}"))
 }
 
+/// Applies `VMM_ALLOC_CONF`: `policy` picks the base config (replacing what came before it),
+/// `capacity_mb` and `large_page_mb` are read here, and every other key must be one of the
+/// library's own settings (`vmm_alloc::config::OWN_KEYS`), applied last by
+/// `ExpandableConfig::with_settings` with its rules (one parser for the C ABI, Python and
+/// `vmm-replay --conf expandable=...`).
 fn apply_ours(
     config: &mut ExpandableConfig,
     capacity: &mut Option<usize>,
     s: &str,
 ) -> Result<(), String> {
+    let mut own = Vec::new();
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let (key, value) = item
             .split_once(':')
@@ -140,16 +139,16 @@ fn apply_ours(
                     ))
                 }
             },
-            "handle_cache" => config.handle_cache = parse_bool(key, value)?,
-            "handle_cache_limit_mb" => config.handle_cache_limit = parse_mb(key, value)?,
-            "remap_defrag" => config.remap_defrag = parse_bool(key, value)?,
-            "sync_only_after_frees" => config.sync_only_after_frees = parse_bool(key, value)?,
-            "small_page_mb" => config.small_page = parse_mb(key, value)?,
             "large_page_mb" => config.large_page = parse_mb(key, value)?,
             "capacity_mb" => *capacity = Some(parse_mb(key, value)?),
+            _ if OWN_KEYS.iter().any(|(k, _)| *k == key) => own.push(format!("{key}:{value}")),
             _ => return Err(format!("unknown key {key:?}")),
         }
     }
+    *config = config
+        .clone()
+        .with_settings(&own.join(","))
+        .map_err(|e| e.to_string())?;
     Ok(())
 }
 
@@ -179,6 +178,31 @@ mod tests {
     }
 
     #[test]
+    fn every_own_setting_of_the_library_is_taken() {
+        let s = Settings::parse(
+            Some("host"),
+            None,
+            Some("remap_before_create:True,headroom_mb:128,va_factor:2,borrow_across_pools:False"),
+        )
+        .unwrap();
+        assert!(s.config.remap_before_create && !s.config.borrow_across_pools);
+        assert_eq!(
+            (s.config.headroom_bytes, s.config.va_factor),
+            (128 << 20, 2.0)
+        );
+        // The policy picks the base; the settings after it apply on top.
+        let s = Settings::parse(
+            Some("host"),
+            None,
+            Some("policy:pytorch-expandable,handle_cache:True"),
+        )
+        .unwrap();
+        let pytorch = ExpandableConfig::pytorch_expandable();
+        assert!(s.config.handle_cache && !s.config.remap_defrag);
+        assert_eq!(s.config.faithful_oversize, pytorch.faithful_oversize);
+    }
+
+    #[test]
     fn bad_values_are_refused_with_the_variable_named() {
         let e = Settings::parse(Some("gpu"), None, None).unwrap_err();
         assert!(e.contains("VMM_ALLOC_BACKEND") && e.contains("host"), "{e}");
@@ -191,6 +215,8 @@ mod tests {
             e.contains("unknown key \"colour\"") && e.contains("capacity_mb"),
             "{e}"
         );
+        let e = Settings::parse(Some("host"), None, Some("headroom_fraction:1.5")).unwrap_err();
+        assert!(e.contains("headroom_fraction 1.5 must be in [0, 1]"), "{e}");
         let e = Settings::parse(None, None, Some("capacity_mb:64")).unwrap_err();
         assert!(e.contains("host and sim backends only"), "{e}");
     }

@@ -1,8 +1,11 @@
 //! Settings per allocator: a user's `PYTORCH_CUDA_ALLOC_CONF` change applied on top of the traced
-//! program's recorded one, validated, and shown in every output.
+//! program's recorded one, validated, and shown in every output. Ours (`expandable`) also takes
+//! vmm-alloc's own keys ([`OWN_KEYS`]: headroom, handle cache, remap, ...), through
+//! [`ExpandableConfig::with_settings`]; given to classic or pytorch-expandable they are an error
+//! that says where they belong.
 
 use crate::replay::Policy;
-use vmm_alloc::config::{parse_alloc_conf, AllocConf, ExpandableConfig};
+use vmm_alloc::config::{parse_alloc_conf, AllocConf, ExpandableConfig, OWN_KEYS};
 
 /// An allocator's configuration for one replay, and the settings string that made it.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,12 +73,31 @@ pub fn effective(
 ) -> Result<(String, Setup), String> {
     let base = trace_conf.filter(|c| parse_alloc_conf(c).is_ok());
     if let Some(change) = change {
-        parse_alloc_conf(change).map_err(|e| {
-            format!(
-                "{}={change}: {e}; see PYTORCH_CUDA_ALLOC_CONF in PyTorch's CUDA semantics notes",
-                policy.name()
-            )
-        })?;
+        let own = settings(change)
+            .into_iter()
+            .find(|s| OWN_KEYS.iter().any(|(k, _)| *k == key(s)));
+        match (policy, own) {
+            (Policy::Expandable, _) => {
+                ExpandableConfig::default()
+                    .with_settings(change)
+                    .map_err(|e| format!("{}={change}: {e}", policy.name()))?;
+            }
+            (_, Some(own)) => {
+                return Err(format!(
+                    "{}={change}: '{}' is one of vmm-alloc's own settings, which only ours takes:                      give it as expandable={own}",
+                    policy.name(),
+                    key(&own)
+                ))
+            }
+            (_, None) => {
+                parse_alloc_conf(change).map_err(|e| {
+                    format!(
+                        "{}={change}: {e}; see PYTORCH_CUDA_ALLOC_CONF in PyTorch's CUDA semantics notes",
+                        policy.name()
+                    )
+                })?;
+            }
+        }
     }
     let text = match change {
         Some(c) => merge(base, c),
@@ -84,9 +106,11 @@ pub fn effective(
     let setup = match policy.config(None) {
         None => Setup::Classic(parse_alloc_conf(&text).map_err(|e| format!("{text}: {e}"))?),
         Some(base_config) => Setup::Expandable(
-            base_config
-                .with_alloc_conf(&text)
-                .map_err(|e| format!("{}={text}: {e}", policy.name()))?,
+            match policy {
+                Policy::Expandable => base_config.with_settings(&text),
+                _ => base_config.with_alloc_conf(&text),
+            }
+            .map_err(|e| format!("{}={text}: {e}", policy.name()))?,
         ),
     };
     Ok((text, setup))

@@ -95,7 +95,7 @@ fn err(message: impl Into<String>, token: usize) -> ConfigError {
 }
 
 /// Every key PyTorch's parsers know.
-const KNOWN_KEYS: [&str; 16] = [
+pub(super) const KNOWN_KEYS: [&str; 16] = [
     "expandable_segments",
     "max_split_size_mb",
     "max_non_split_rounding_mb",

@@ -57,6 +57,50 @@ fn conf_applies_settings_per_allocator_and_shows_them() {
     );
 }
 
+/// Ours takes its own switches through `--conf` too: on a 130 MiB device the second 100 MiB
+/// request needs 30 MiB more beside the 70 MiB free; a whole 20 MiB page for the last 10 MiB
+/// would not fit, so ours cuts that handle to 10 MiB (`pressure_tail`). Turned off, it runs out.
+#[test]
+fn conf_turns_our_own_switches() {
+    let path = file("ownconf", "split.csv", &split_log());
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            path.to_str().unwrap(),
+            "--allocators",
+            "expandable",
+            "--capacity",
+            "130MiB",
+        ];
+        args.extend_from_slice(extra);
+        replay_json(&args)
+    };
+    let default = run(&[]);
+    let runs = default["traces"][0]["allocators"].as_array().unwrap();
+    assert_eq!(runs[0]["ooms"], 0, "{default}");
+    assert_eq!(runs[0]["peak_reserved_bytes"], 130 * MIB);
+    let off = run(&["--conf", "expandable=pressure_tail:false"]);
+    let runs = off["traces"][0]["allocators"].as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{off}");
+    assert_eq!(runs[0]["settings"], "pressure_tail:false");
+    assert_eq!(runs[0]["ooms"], 1, "{off}");
+    // A bad value of ours is named; ours' key given to PyTorch's policies says where it belongs.
+    for (conf, named) in [
+        (
+            "expandable=pressure_tail:maybe",
+            "pressure_tail takes True or False",
+        ),
+        (
+            "classic=headroom_fraction:0.1",
+            "give it as expandable=headroom_fraction:0.1",
+        ),
+        ("expandable=headroom:1", "headroom_fraction"),
+    ] {
+        let o = vmm_replay(&[path.to_str().unwrap(), "--conf", conf]);
+        assert_eq!(o.status.code(), Some(1), "{conf}");
+        assert!(stderr(&o).contains(named), "{conf}: {}", stderr(&o));
+    }
+}
+
 #[test]
 fn a_bad_conf_names_the_key_or_value() {
     let path = file("badconf", "split.csv", &split_log());

@@ -60,7 +60,11 @@ pub struct Args {
     /// it once with each): PYTORCH_CUDA_ALLOC_CONF's grammar and keys for all three (e.g.
     /// classic=max_split_size_mb:128,garbage_collection_threshold:0.6, or
     /// expandable=large_segment_size_mb:64), applied on top of the trace's recorded settings.
-    /// An allocator named here and not in --allocators is added.
+    /// Ours (expandable) also takes its own keys: headroom_fraction, headroom_mb, handle_cache,
+    /// handle_cache_limit_mb, remap_defrag, remap_before_create, sync_only_after_frees,
+    /// pressure_tail, borrow_across_pools (true/false), va_factor, small_page_mb (e.g.
+    /// expandable=remap_before_create:true,headroom_fraction:0.02). An allocator named here and
+    /// not in --allocators is added.
     #[arg(long, value_name = "ALLOCATOR=SETTINGS")]
     pub conf: Vec<String>,
     /// Do not replay the traced program's empty_cache() calls.

@@ -1,0 +1,223 @@
+//! Our policy's own settings in `PYTORCH_CUDA_ALLOC_CONF`'s grammar (`key:value,...`), beside
+//! PyTorch's keys: what `vmm-replay --conf expandable=...` and [`ExpandableConfig::with_settings`]
+//! accept, so every switch that makes our policy differ from PyTorch's can be turned and measured
+//! without writing Rust.
+
+use super::alloc_conf::{parse_alloc_conf, ConfigError, KNOWN_KEYS};
+use super::ExpandableConfig;
+
+const MB: f64 = (1u64 << 20) as f64;
+
+/// Our keys, each with what it sets (for the error that lists them).
+pub const OWN_KEYS: [(&str, &str); 11] = [
+    (
+        "headroom_fraction",
+        "ExpandableConfig::headroom_fraction, in [0, 1]",
+    ),
+    ("headroom_mb", "ExpandableConfig::headroom_bytes, in MiB"),
+    ("handle_cache", "ExpandableConfig::handle_cache, true/false"),
+    (
+        "handle_cache_limit_mb",
+        "ExpandableConfig::handle_cache_limit, in MiB",
+    ),
+    ("remap_defrag", "ExpandableConfig::remap_defrag, true/false"),
+    (
+        "remap_before_create",
+        "ExpandableConfig::remap_before_create, true/false",
+    ),
+    (
+        "sync_only_after_frees",
+        "ExpandableConfig::sync_only_after_frees, true/false",
+    ),
+    (
+        "pressure_tail",
+        "ExpandableConfig::pressure_tail, true/false",
+    ),
+    (
+        "borrow_across_pools",
+        "ExpandableConfig::borrow_across_pools, true/false",
+    ),
+    ("va_factor", "ExpandableConfig::va_factor, in [1, 64]"),
+    ("small_page_mb", "ExpandableConfig::small_page, in MiB"),
+];
+
+/// Splits a settings string at the commas outside `[...]`, dropping whitespace and empty items.
+fn split(conf: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut item = String::new();
+    let mut depth = 0usize;
+    for c in conf.chars().filter(|c| !c.is_whitespace()) {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                out.extend((!item.is_empty()).then(|| std::mem::take(&mut item)));
+                continue;
+            }
+            _ => {}
+        }
+        item.push(c);
+    }
+    out.extend((!item.is_empty()).then_some(item));
+    out
+}
+
+fn bad(message: String) -> ConfigError {
+    ConfigError {
+        message,
+        token: None,
+    }
+}
+
+fn flag(key: &str, value: &str) -> Result<bool, ConfigError> {
+    match value {
+        "true" | "True" | "1" => Ok(true),
+        "false" | "False" | "0" => Ok(false),
+        _ => Err(bad(format!(
+            "{key} takes True or False (or true/false), not '{value}'"
+        ))),
+    }
+}
+
+fn number(key: &str, value: &str) -> Result<f64, ConfigError> {
+    match value.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(bad(format!(
+            "{key} takes a non-negative number, not '{value}'"
+        ))),
+    }
+}
+
+fn mebibytes(key: &str, value: &str) -> Result<usize, ConfigError> {
+    let v = number(key, value)? * MB;
+    if v > (1u64 << 60) as f64 {
+        return Err(bad(format!("{key} {value} MiB is larger than any device")));
+    }
+    Ok(v as usize)
+}
+
+impl ExpandableConfig {
+    /// Applies a settings string on top of `self`: PyTorch's keys as
+    /// [`with_alloc_conf`](Self::with_alloc_conf) does, and our own (one per switch of this type,
+    /// listed in [`OWN_KEYS`]): `headroom_fraction`, `headroom_mb`, `handle_cache`,
+    /// `handle_cache_limit_mb`, `remap_defrag`, `remap_before_create`, `sync_only_after_frees`,
+    /// `pressure_tail`, `borrow_across_pools`, `va_factor`, `small_page_mb` (booleans are
+    /// `true`/`false`, sizes in MiB). A key neither PyTorch nor this crate knows is an error that
+    /// lists ours; the result is [validated](Self::validate). Only the keys given change.
+    ///
+    /// ```
+    /// use vmm_alloc::config::ExpandableConfig;
+    /// let c = ExpandableConfig::default()
+    ///     .with_settings("headroom_fraction:0.05,remap_before_create:true,large_segment_size_mb:32")
+    ///     .unwrap();
+    /// assert_eq!((c.headroom_fraction, c.remap_before_create, c.large_page), (0.05, true, 32 << 20));
+    /// let e = ExpandableConfig::default().with_settings("headroom:5").unwrap_err();
+    /// assert!(e.to_string().contains("headroom_fraction"), "{e}");
+    /// ```
+    pub fn with_settings(self, conf: &str) -> Result<Self, ConfigError> {
+        let mut pytorch = Vec::new();
+        let mut own = Vec::new();
+        for item in split(conf) {
+            let (key, value) = item.split_once(':').unwrap_or((item.as_str(), ""));
+            if OWN_KEYS.iter().any(|(k, _)| *k == key) {
+                own.push((key.to_string(), value.to_string()));
+            } else if KNOWN_KEYS.contains(&key) {
+                pytorch.push(item.clone());
+            } else {
+                let ours: Vec<&str> = OWN_KEYS.iter().map(|(k, _)| *k).collect();
+                return Err(bad(format!(
+                    "unknown setting '{key}': not one of PyTorch's PYTORCH_CUDA_ALLOC_CONF keys \
+                     ({}) nor one of vmm-alloc's ({})",
+                    KNOWN_KEYS.join(", "),
+                    ours.join(", ")
+                )));
+            }
+        }
+        // PyTorch's part with PyTorch's rules (and its messages).
+        let pytorch = pytorch.join(",");
+        parse_alloc_conf(&pytorch)?;
+        let mut c = self.with_alloc_conf(&pytorch)?;
+        for (key, value) in own {
+            let (key, value) = (key.as_str(), value.as_str());
+            match key {
+                "headroom_fraction" => c.headroom_fraction = number(key, value)?,
+                "headroom_mb" => c.headroom_bytes = mebibytes(key, value)?,
+                "handle_cache" => c.handle_cache = flag(key, value)?,
+                "handle_cache_limit_mb" => c.handle_cache_limit = mebibytes(key, value)?,
+                "remap_defrag" => c.remap_defrag = flag(key, value)?,
+                "remap_before_create" => c.remap_before_create = flag(key, value)?,
+                "sync_only_after_frees" => c.sync_only_after_frees = flag(key, value)?,
+                "pressure_tail" => c.pressure_tail = flag(key, value)?,
+                "borrow_across_pools" => c.borrow_across_pools = flag(key, value)?,
+                "va_factor" => c.va_factor = number(key, value)?,
+                "small_page_mb" => c.small_page = mebibytes(key, value)?,
+                _ => unreachable!("every key of OWN_KEYS is matched above"),
+            }
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_own_key_sets_its_field_and_only_given_keys_change() {
+        let all = "headroom_fraction:0.03,headroom_mb:256,handle_cache:false,\
+                   handle_cache_limit_mb:64,remap_defrag:false,remap_before_create:true,\
+                   sync_only_after_frees:false,pressure_tail:false,borrow_across_pools:false,\
+                   va_factor:2,small_page_mb:4";
+        let c = ExpandableConfig::default().with_settings(all).unwrap();
+        let expected = ExpandableConfig {
+            headroom_fraction: 0.03,
+            headroom_bytes: 256 << 20,
+            handle_cache: false,
+            handle_cache_limit: 64 << 20,
+            remap_defrag: false,
+            remap_before_create: true,
+            sync_only_after_frees: false,
+            pressure_tail: false,
+            borrow_across_pools: false,
+            va_factor: 2.0,
+            small_page: 4 << 20,
+            ..ExpandableConfig::default()
+        };
+        assert_eq!(c, expected);
+        assert_eq!(split(all).len(), OWN_KEYS.len(), "the test sets every key");
+        // Nothing given, nothing changed; PyTorch's keys mixed in, brackets kept whole.
+        let base = ExpandableConfig::pytorch_expandable();
+        assert_eq!(base.clone().with_settings("").unwrap(), base);
+        let mixed = base
+            .clone()
+            .with_settings("roundup_power2_divisions:[256:4,>:1], va_factor:1.5")
+            .unwrap();
+        assert_eq!(mixed.va_factor, 1.5);
+        assert_eq!(mixed.roundup_power2_divisions[0], 4);
+        assert!(!mixed.handle_cache, "the preset's other fields stay");
+    }
+
+    #[test]
+    fn bad_keys_and_values_are_named() {
+        let e = |s: &str| ExpandableConfig::default().with_settings(s).unwrap_err();
+        assert!(e("handle_cache:maybe")
+            .message
+            .contains("handle_cache takes True or False"));
+        assert!(e("headroom_mb:-1")
+            .message
+            .contains("headroom_mb takes a non-negative"));
+        assert!(e("va_factor:100")
+            .message
+            .contains("va_factor 100 must be in [1, 64]"));
+        assert!(e("headroom_fraction:2")
+            .message
+            .contains("headroom_fraction 2 must be in [0, 1]"));
+        let unknown = e("remap:true").message;
+        assert!(unknown.contains("'remap'") && unknown.contains("remap_before_create"));
+        // PyTorch's keys keep PyTorch's rules.
+        assert!(e("max_split_size_mb:2")
+            .message
+            .contains("max_split_size_mb"));
+    }
+}
