@@ -19,9 +19,10 @@ pub struct Args {
     /// (the format is chosen by content, not by name).
     pub files: Vec<PathBuf>,
     /// Replay this built-in workload (repeatable): transformer-training, inference-kv-cache,
-    /// varying-batch or rmm-random; or small-after-large, which shows one mechanism (small
-    /// requests borrowing the large pool's free ranges under pressure). With no FILES and no
-    /// --workload, the first four run.
+    /// varying-batch or rmm-random; or a workload that shows one mechanism: small-after-large
+    /// (small requests borrowing the large pool's free ranges under pressure), multi-stream and
+    /// two-streams (4 or 2 streams sharing the device). With no FILES and no --workload, the
+    /// first four run.
     #[arg(long, value_name = "NAME")]
     pub workload: Vec<String>,
     /// Seed of the built-in workloads (the same seed gives the same trace).
