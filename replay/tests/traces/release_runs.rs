@@ -109,9 +109,9 @@ fn an_empty_cache_without_frames_before_a_new_segment() {
 /// small segment standing, which `empty_cache()` never does: the allocator's own release, no
 /// event. C gets 7 GiB; the 1 KiB tensor reuses the small segment; D finds nothing, the
 /// collector stays off (7 GiB + 2 MiB reserved is under its 10 GiB), and 19 GiB + 2 MiB fit in
-/// the 20 GiB allowance: 5 cudaMallocs, peak 19 GiB + 2 MiB, the most ever. Since 12 GiB + 2 MiB
-/// + 7 GiB fit under that peak, the reserved rule alone would call the run `empty_cache()`,
-/// freeing the small segment: 6.
+/// the 20 GiB allowance: 5 cudaMallocs, peak 19 GiB + 2 MiB, the most ever. Since the 12 GiB and
+/// 2 MiB reserved before the run plus 7 GiB fit under that peak, the reserved rule alone would
+/// call the run `empty_cache()`, freeing the small segment: 6.
 #[test]
 fn a_collector_run_that_leaves_a_free_segment_standing() {
     let (small, a, b, c, dd) = (
