@@ -74,10 +74,14 @@
 //! allocation in a new segment is read as the collector; a `release_cached_blocks` that leaves
 //! a free segment of a private pool (CUDA graphs, `MemPool`) in use standing is read as partial;
 //! runs of `segment_unmap` (expandable segments) skip rules 2 and 3. `free_completed` entries
-//! written by the retry's synchronization are replayed as frees before the `alloc` of the call,
-//! as the entries come: in the ordinary replay such a block can serve the request PyTorch served
-//! from a new segment (`--check-classic` completes them after the search, Note [Recorded mallocs]
-//! in the classic allocator). [`ReleaseRuns`] counts each kind.
+//! written by a retry's synchronization stay [`Event::Free`](crate::Event::Free)s before the
+//! `alloc` of the call, in entry order, on purpose: `--check-classic` reads the same events and
+//! completes the frees since the previous call after the search (Note [Recorded mallocs] in the
+//! classic allocator), and deferring them past the `alloc` in the events would count them live
+//! beside it, above the program's peak. So in the ordinary replay such a block can serve the
+//! request that PyTorch served from a new segment, which only matters where the replayed device
+//! is as full as the recording's (elsewhere the replay makes no retry release either).
+//! [`ReleaseRuns`] counts each kind.
 //!
 //! # Untrusted input
 //!
