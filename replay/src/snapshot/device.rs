@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::dump_state::{dump_segments, dump_state, granules, RangeSet};
 use super::entries::{parse_entry, Action, Entry, Work};
-use super::release_runs::{classify_run, RunKind};
+use super::free_segments::SegmentTracker;
+use super::release_runs::{classify_run, RunContext, RunKind};
 use super::{DeviceTrace, ReleaseRuns, RetryRun, SegmentAllocAt};
 use crate::pickle::Value;
 use crate::start_segments::start_segments;
@@ -68,6 +69,9 @@ pub(super) fn device_trace(
     let divisions = conf
         .as_ref()
         .map_or([0; ROUNDUP_INTERVALS], |c| c.roundup_power2_divisions);
+    let gc_on = conf
+        .as_ref()
+        .is_some_and(|c| c.garbage_collection_threshold > 0.0);
     let max_split = conf.and_then(|c| c.max_split_size).map(|m| m as u64);
     let live_at_start: Vec<_> = start
         .iter()
@@ -84,8 +88,14 @@ pub(super) fn device_trace(
             _ => None,
         })
         .collect();
+    let dump_segs = dump_segments(dev, segments);
+    let mut tracker = SegmentTracker::at_start(
+        dump_segs.iter().map(|s| (s.address, s.size)),
+        &entries,
+        start.iter().filter_map(|&(addr, _)| addr),
+    );
     let start_segs = start_segments(
-        &dump_segments(dev, segments),
+        &dump_segs,
         &segment_events,
         &live_at_start,
         |requested| round_size(requested as usize, &divisions).map_or(requested, |r| r as u64),
@@ -112,8 +122,34 @@ pub(super) fn device_trace(
     let mut segment_alloc_log = Vec::new();
     let mut retry_runs = Vec::new();
     let mut allocs_seen = 0u64;
+    // Reserved bytes as the entries go by, anchored at the dump as below, and their largest.
+    let reserved_change = |e: &Entry<'_>| match e.action {
+        Action::SegmentAlloc | Action::SegmentMap => i128::from(e.size),
+        Action::SegmentFree | Action::SegmentUnmap => -i128::from(e.size),
+        _ => 0,
+    };
+    let net: i128 = entries.iter().map(reserved_change).sum();
+    let no_segment_entries = !entries.iter().any(|e| {
+        matches!(
+            e.action,
+            Action::SegmentAlloc | Action::SegmentMap | Action::SegmentFree | Action::SegmentUnmap
+        )
+    });
+    let reserved_start = (has_segments || no_segment_entries).then_some(reserved_at_dump - net);
+    let mut reserved_now = reserved_start.unwrap_or(0);
+    let max_reserved = entries
+        .iter()
+        .scan(reserved_now, |r, e| {
+            *r += reserved_change(e);
+            Some(*r)
+        })
+        .fold(reserved_now, i128::max);
 
+    let mut call_reserved: Option<i128> = None;
     for (i, e) in entries.iter().enumerate() {
+        if !e.is_release() && e.action != Action::FreeCompleted {
+            call_reserved = None;
+        }
         let run_starts =
             e.is_release() && (i == 0 || !entries.get(i - 1).is_some_and(Entry::is_release));
         if run_starts {
@@ -121,13 +157,27 @@ pub(super) fn device_trace(
             while entries.get(end + 1).is_some_and(Entry::is_release) {
                 end += 1;
             }
-            match classify_run(&entries, end) {
+            let cx = RunContext {
+                tracker: &tracker,
+                reserved_before: call_reserved.unwrap_or(reserved_now),
+                max_reserved,
+                gc_on,
+            };
+            let kind = classify_run(&entries, i, end, &cx);
+            // A later run of the same call (after a partial release and the completions of its
+            // synchronization) failed its cudaMalloc where the first did.
+            call_reserved = matches!(kind, RunKind::Partial).then_some(cx.reserved_before);
+            match kind {
                 RunKind::EmptyCache => {
                     runs.empty_cache += 1;
                     events.push(Event::EmptyCache);
                 }
-                RunKind::AllocRetry => {
-                    runs.alloc_retry += 1;
+                kind @ (RunKind::AllocRetry | RunKind::Partial) => {
+                    if matches!(kind, RunKind::AllocRetry) {
+                        runs.alloc_retry += 1;
+                    } else {
+                        runs.partial += 1;
+                    }
                     retry_runs.push(RetryRun {
                         allocs_before: allocs_seen,
                         segments: (end + 1 - i) as u64,
@@ -136,6 +186,8 @@ pub(super) fn device_trace(
                 RunKind::BeforeOom => runs.before_oom += 1,
             }
         }
+        tracker.apply(e);
+        reserved_now += reserved_change(e);
         let delta = i128::from(e.size);
         let no_addr = || format!("entry {i}: {} without an address", e.action.name());
         match e.action {
@@ -215,8 +267,6 @@ pub(super) fn device_trace(
     }
 
     // Reserved bytes, anchored at the dump, peak from the first alloc on (trace_summary).
-    let net: i128 = seg_series.iter().map(|&(_, d)| d).sum();
-    let reserved_start = (has_segments || seg_series.is_empty()).then_some(reserved_at_dump - net);
     let first = first_alloc.unwrap_or(entries.len());
     let mut cur = reserved_start.unwrap_or(0);
     let mut peak: Option<i128> = None;

@@ -29,22 +29,59 @@
 //!
 //! # Note [Release runs]
 //!
-//! A run of consecutive `segment_free` / `segment_unmap` entries comes either from the program's
-//! `empty_cache()` or from `malloc`'s silent release-and-retry after a failed `cudaMalloc`
-//! (pytorch-allocator.md §1.9: the run is followed by the `segment_alloc` and the `alloc` of the
-//! same call, all with that call's stack frames; if the retry fails too, an `oom` entry follows
-//! the run instead). The heuristic, in order:
+//! A run of consecutive `segment_free` / `segment_unmap` entries comes from one of four places
+//! in PyTorch's allocator (pytorch-allocator.md §1.3, §1.9, §1.11):
 //!
-//! 1. the entry after the run is `oom`: a failed retry, no event;
-//! 2. the run is followed by `segment_alloc`/`segment_map` and then `alloc`: when the run's last
-//!    entry and that `alloc` both carry frames, equal frames mean a retry and different frames an
-//!    `empty_cache()`; when either has no frames, the run counts as a retry if the `alloc` lies in
-//!    the segment just reserved (a call that needed new memory), else as `empty_cache()`;
-//! 3. anything else: `empty_cache()`, emitted as [`Event::EmptyCache`](crate::Event::EmptyCache) where the run starts.
+//! * the program's `empty_cache()`: `release_cached_blocks` completes every pending event
+//!   (`synchronize_and_free_events`, whose `free_completed` entries come *before* the run) and
+//!   then releases every cached block that is a whole segment, in every pool;
+//! * `malloc`'s release-and-retry after a failed `cudaMalloc`: the same `release_cached_blocks`,
+//!   followed by the `segment_alloc` and the `alloc` of that call (all with its frames), or by an
+//!   `oom` entry if the retry fails too;
+//! * inside `malloc`, before that: with `max_split_size` set, `release_available_cached_blocks`
+//!   frees only oversize blocks (after a failed `cudaMalloc`); with a memory fraction and
+//!   `garbage_collection_threshold`, the collector frees only old whole large blocks (before any
+//!   `cudaMalloc`). Neither synchronizes first.
 //!
-//! Without frames an explicit `empty_cache()` directly followed by an allocation that needs a new
-//! segment is taken for a retry; a replayed allocator that needs the memory releases its own
-//! cache then. [`ReleaseRuns`] counts each kind.
+//! The first is replayed as an [`Event::EmptyCache`](crate::Event::EmptyCache) where the run
+//! starts; the others are no event, since the replayed allocator under the recorded settings
+//! makes them by itself (its own retry needs its device to be full there too). The reader tracks
+//! the recorded segments and the blocks live in each as the entries go by, and decides, in order:
+//!
+//! 1. the entry after the run is `oom`: the failed retry's release, no event
+//!    ([`ReleaseRuns::before_oom`]);
+//! 2. the run (of `segment_free`s) leaves standing a segment that held no live block when it
+//!    began: `release_cached_blocks` never does, so this is the allocator's own partial release,
+//!    no event ([`ReleaseRuns::partial`]);
+//! 3. the run is followed by `free_completed` entries only and then another run: those
+//!    completions are the synchronization of a `release_cached_blocks` in the same call (after
+//!    `empty_cache()` nothing is pending until a `free_requested`), so this run, which came
+//!    before it, is that call's first release: partial, no event. The next run's reserved
+//!    figure (rule 4) is taken from before this one, where the call's `cudaMalloc` failed;
+//! 4. the run is followed by `segment_alloc`/`segment_map` and then `alloc`: when the run's last
+//!    entry and that `alloc` both carry frames, equal frames mean a retry and different frames
+//!    an `empty_cache()`. When either has no frames, the run is a retry only if the `alloc` lies
+//!    in the segment just reserved (a call that needed new memory) *and* the reserved bytes
+//!    before the run plus the new segment exceed the largest reserved total seen anywhere in the
+//!    trace (segments at the start included): a retry follows a failed `cudaMalloc`, and the
+//!    device held at least that total. With the collector on in the recorded settings the second
+//!    condition is dropped (the collector releases without any `cudaMalloc` failing);
+//! 5. anything else: `empty_cache()`.
+//!
+//! Ambiguous still: without frames, a retry on a GPU shared with other memory (another process,
+//! or memory outside the allocator) where the new segment would have fitted under the trace's
+//! peak is read as `empty_cache()`; with the collector on, an `empty_cache()` followed by an
+//! allocation in a new segment is read as the collector; a `release_cached_blocks` that leaves
+//! a free segment of a private pool (CUDA graphs, `MemPool`) in use standing is read as partial;
+//! runs of `segment_unmap` (expandable segments) skip rules 2 and 3. `free_completed` entries
+//! written by a retry's synchronization stay [`Event::Free`](crate::Event::Free)s before the
+//! `alloc` of the call, in entry order, on purpose: `--check-classic` reads the same events and
+//! completes the frees since the previous call after the search (Note [Recorded mallocs] in the
+//! classic allocator), and deferring them past the `alloc` in the events would count them live
+//! beside it, above the program's peak. So in the ordinary replay such a block can serve the
+//! request that PyTorch served from a new segment, which only matters where the replayed device
+//! is as full as the recording's (elsewhere the replay makes no retry release either).
+//! [`ReleaseRuns`] counts each kind.
 //!
 //! # Untrusted input
 //!
@@ -56,6 +93,7 @@
 mod device;
 mod dump_state;
 mod entries;
+mod free_segments;
 mod release_runs;
 mod settings;
 
@@ -86,8 +124,9 @@ pub struct DeviceTrace {
     pub segment_allocs: Vec<SegmentAllocAt>,
     /// The traced allocator's segments when recording began, with the blocks live in them.
     pub start_segments: Vec<StartSegment>,
-    /// Where the traced allocator released cached segments to retry a failed `cudaMalloc`
-    /// (runs of [`ReleaseRuns::alloc_retry`]), in order.
+    /// Where the traced allocator released cached segments inside a `malloc` that then
+    /// allocated a new segment (runs of [`ReleaseRuns::alloc_retry`] and
+    /// [`ReleaseRuns::partial`]), in order.
     pub retry_runs: Vec<RetryRun>,
 }
 
@@ -118,6 +157,10 @@ pub struct ReleaseRuns {
     pub empty_cache: u64,
     /// Runs taken for `malloc`'s release-and-retry that succeeded.
     pub alloc_retry: u64,
+    /// Runs that left an entirely free segment standing: the allocator's own partial release
+    /// inside `malloc` (its garbage collector, or with `max_split_size` the first release of a
+    /// retry), which a replayed allocator under the same settings makes by itself.
+    pub partial: u64,
     /// Runs followed by an `oom` entry (the retry failed).
     pub before_oom: u64,
 }

@@ -57,7 +57,7 @@ fn figures_match_trace_summary(shared: &Shared) -> Result<Completion, Failed> {
     assert_eq!(results.len(), files.len());
 
     eprintln!(
-        "{:<34} {:>6} {:>14} {:>14} {:>14} {:>14} {:>10} {:>4} {:>4} {:>6}",
+        "{:<34} {:>6} {:>14} {:>14} {:>14} {:>14} {:>10} {:>4} {:>4} {:>6} {:>7} {:>4}",
         "file",
         "events",
         "peak live",
@@ -67,7 +67,9 @@ fn figures_match_trace_summary(shared: &Shared) -> Result<Completion, Failed> {
         "start",
         "skip",
         "EC",
-        "retry"
+        "retry",
+        "partial",
+        "oom"
     );
     let mut mismatches = Vec::new();
     for (file, res) in files.iter().zip(results) {
@@ -95,7 +97,7 @@ fn figures_match_trace_summary(shared: &Shared) -> Result<Completion, Failed> {
             let state = d.get("start_state").and_then(Json::as_str).unwrap_or("?");
             let ec = t.events.iter().filter(|e| **e == Event::EmptyCache).count();
             eprintln!(
-                "{:<34} {:>6} {:>14} {:>14} {:>14} {:>14} {:>10} {:>4} {:>4} {:>6}",
+                "{:<34} {:>6} {:>14} {:>14} {:>14} {:>14} {:>10} {:>4} {:>4} {:>6} {:>7} {:>4}",
                 t.name,
                 num("events").unwrap_or(0),
                 live,
@@ -105,7 +107,9 @@ fn figures_match_trace_summary(shared: &Shared) -> Result<Completion, Failed> {
                 t.start.to_string(),
                 t.skipped_frees,
                 ec,
-                mine.release_runs.alloc_retry
+                mine.release_runs.alloc_retry,
+                mine.release_runs.partial,
+                mine.release_runs.before_oom
             );
             let mut check = |what: &str, ok: bool| {
                 if !ok {
@@ -161,6 +165,7 @@ fn release_runs_of_known_files(shared: &Shared) -> Result<Completion, Failed> {
     let retry = |n| ReleaseRuns {
         empty_cache: 0,
         alloc_retry: n,
+        partial: 0,
         before_oom: 0,
     };
     for (name, expected) in [

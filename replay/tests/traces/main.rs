@@ -6,6 +6,7 @@ mod dump;
 mod pickle_hostile;
 mod pickle_values;
 mod recorded_mallocs;
+mod release_runs;
 mod snapshot_claims;
 mod snapshot_synthetic;
 mod writer;

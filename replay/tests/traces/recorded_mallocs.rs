@@ -20,12 +20,12 @@ use vmm_replay::snapshot::analyse_snapshot;
 
 use crate::writer::{dict, dumps, i, list, s};
 
-const MIB: i64 = 1 << 20;
-const GIB: i64 = 1 << 30;
-const BASE: i64 = 0x7f00_0000_0000;
+pub(crate) const MIB: i64 = 1 << 20;
+pub(crate) const GIB: i64 = 1 << 30;
+pub(crate) const BASE: i64 = 0x7f00_0000_0000;
 
 /// One trace entry.
-fn e(action: &str, addr: i64, size: i64, stream: i64) -> Value {
+pub(crate) fn e(action: &str, addr: i64, size: i64, stream: i64) -> Value {
     dict(vec![
         ("action", s(action)),
         ("addr", i(addr)),
@@ -35,7 +35,7 @@ fn e(action: &str, addr: i64, size: i64, stream: i64) -> Value {
 }
 
 /// A whole free of a block no other stream used: both entries at once.
-fn free(addr: i64, size: i64, stream: i64) -> [Value; 2] {
+pub(crate) fn free(addr: i64, size: i64, stream: i64) -> [Value; 2] {
     [
         e("free_requested", addr, size, stream),
         e("free_completed", addr, size, stream),
@@ -43,7 +43,7 @@ fn free(addr: i64, size: i64, stream: i64) -> [Value; 2] {
 }
 
 /// `allocator_settings` as PyTorch 2.4+ records them: the settings string and the fields.
-fn settings(conf: &str, max_split: i64, gc: f64, divisions: i64) -> Value {
+pub(crate) fn settings(conf: &str, max_split: i64, gc: f64, divisions: i64) -> Value {
     let roundup = (0..16)
         .map(|k| (1i64 << k).to_string())
         .map(|k| (Value::Str(k.into()), i(divisions)))
@@ -57,7 +57,7 @@ fn settings(conf: &str, max_split: i64, gc: f64, divisions: i64) -> Value {
     ])
 }
 
-fn defaults() -> Value {
+pub(crate) fn defaults() -> Value {
     settings("", -1, 0.0, 0)
 }
 

@@ -190,32 +190,43 @@ fn release_runs_are_classified() {
     let (f_call, f_empty) = (frames("forward"), frames("empty_cache"));
     let seg = 20 * MB;
     let base = 0x3000_0000;
+    // The segments released were reserved before recording began, each holding a block freed
+    // just before its release (a block live at the start), except the first.
     let trace = vec![
         // 1: empty_cache() before anything (frames differ from the next alloc).
         ef("segment_free", base + 10 * seg, seg, &f_empty),
         ef("segment_alloc", base, seg, &f_call),
         ef("alloc", base, 1000, &f_call),
         // 2: release-and-retry: same frames as the alloc that follows.
+        e("free_completed", base + 11 * seg, 1000),
+        e("free_completed", base + 12 * seg, 1000),
         ef("segment_free", base + 11 * seg, seg, &f_call),
         ef("segment_free", base + 12 * seg, seg, &f_call),
         ef("segment_alloc", base + seg, seg, &f_call),
         ef("alloc", base + seg, 5000, &f_call),
         // 3: a failed retry: oom follows.
+        e("free_completed", base + 13 * seg, 1000),
         ef("segment_free", base + 13 * seg, seg, &f_call),
         dict(vec![
             ("action", s("oom")),
             ("device_free", i(0)),
             ("size", i(seg)),
         ]),
-        // 4: no frames, the alloc lands in the new segment: retry.
+        // 4: no frames, the alloc lands in the new segment, but 5 + 1 segments fit under the 7
+        // held at the start: no cudaMalloc had failed, so empty_cache().
+        e("free_completed", base + 14 * seg, 1000),
         e("segment_free", base + 14 * seg, seg),
         e("segment_alloc", base + 2 * seg, seg),
         e("alloc", base + 2 * seg, 7000),
         // 5: no frames, the alloc is elsewhere: empty_cache().
+        e("free_completed", base + 15 * seg, 1000),
         e("segment_free", base + 15 * seg, seg),
         e("segment_alloc", base + 3 * seg, seg),
         e("alloc", base + 512, 8),
+        // (A block in the new segment, which empty_cache() would release if it were free.)
+        e("alloc", base + 3 * seg, 9),
         // 6: a run at the very end.
+        e("free_completed", base + 16 * seg, 1000),
         e("segment_free", base + 16 * seg, seg),
     ];
     let segs: Vec<Value> = (0..4)
@@ -226,8 +237,9 @@ fn release_runs_are_classified() {
     assert_eq!(
         d.release_runs,
         ReleaseRuns {
-            empty_cache: 3,
-            alloc_retry: 2,
+            empty_cache: 4,
+            alloc_retry: 1,
+            partial: 0,
             before_oom: 1
         }
     );
@@ -243,7 +255,7 @@ fn release_runs_are_classified() {
         })
         .collect();
     // The failed retry's request is replayed too (O), after the run it released.
-    assert_eq!(kinds.concat(), "EAAOAEAE");
+    assert_eq!(kinds.concat(), "EAFFAFOFEAFEAAFE");
     let r = t.recorded.unwrap();
     assert_eq!((r.segment_allocs, r.segment_frees), (4, 7));
     // Reserved at dump 80 MiB; net change -3 segments, so 140 MiB at start; the peak from the
