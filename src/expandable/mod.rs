@@ -90,6 +90,14 @@ impl<B: Backend> ExpandableAllocator<B> {
     pub fn release_walk_steps(&self) -> u64 {
         self.state.lock().releasable.visits
     }
+
+    /// Chunks the walks for fully-free chunks (the release path, the release index, a pressured
+    /// growth's remap candidates) have examined so far: work that must grow with the free
+    /// pieces, not with every chunk mapped under live blocks. A test kit counter.
+    #[cfg(feature = "testkit")]
+    pub fn chunk_walk_steps(&self) -> u64 {
+        self.state.lock().chunk_walk_steps.get()
+    }
 }
 
 impl<B: Backend> std::fmt::Debug for ExpandableAllocator<B> {

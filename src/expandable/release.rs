@@ -75,7 +75,7 @@ impl<B: Backend> State<B> {
     /// Whether `seg` has something `release_cached` gives back: a stuck chunk, a chunk wholly
     /// free, or no chunk at all (the segment itself goes).
     pub(crate) fn has_releasable(&self, seg: &Segment) -> bool {
-        !seg.stuck.is_empty() || seg.chunks.is_empty() || !self.free_chunks(seg).is_empty()
+        !seg.stuck.is_empty() || seg.chunks.is_empty() || self.has_free_chunk(seg)
     }
 
     /// Keeps the handle of an unmapped chunk in the cache, or releases it without the cache.

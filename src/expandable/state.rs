@@ -66,6 +66,9 @@ pub(crate) struct State<B: Backend> {
     pub(crate) pieces: Pieces,
     /// The segments with something to give back (Note [Release index]).
     pub(crate) releasable: ReleaseIndex,
+    /// Chunks the free-chunk walks have examined so far (Note [Free chunk walk] in
+    /// `free_ranges.rs`; a test kit counter). A `Cell`: the walks only read the state.
+    pub(crate) chunk_walk_steps: std::cell::Cell<u64>,
     pub(crate) live: FxHashMap<u64, Block>,
     pub(crate) pending: Vec<Pending>,
     pub(crate) cache: HandleCache,
@@ -116,6 +119,7 @@ impl<B: Backend> State<B> {
             index: Indexes::default(),
             pieces: Pieces::default(),
             releasable: ReleaseIndex::default(),
+            chunk_walk_steps: std::cell::Cell::new(0),
             live: FxHashMap::default(),
             pending: Vec::new(),
             cache: HandleCache::default(),
