@@ -5,7 +5,7 @@
 //! that says where they belong.
 
 use crate::replay::Policy;
-use vmm_alloc::config::{parse_alloc_conf, AllocConf, ExpandableConfig, OWN_KEYS};
+use vmm_alloc::config::{parse_alloc_conf, split_settings, AllocConf, ExpandableConfig, OWN_KEYS};
 
 /// An allocator's configuration for one replay, and the settings string that made it.
 #[derive(Clone, Debug, PartialEq)]
@@ -16,26 +16,10 @@ pub enum Setup {
     Expandable(ExpandableConfig),
 }
 
-/// The `key:value` settings of a configuration string, split at the commas outside `[...]`
-/// (`roundup_power2_divisions` takes a bracketed list), whitespace dropped, empty ones skipped.
+/// The `key:value` settings of a configuration string (the library's
+/// [`split_settings`](vmm_alloc::config::split_settings), which `with_settings` reads with).
 pub fn settings(conf: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut item = String::new();
-    let mut depth = 0usize;
-    for c in conf.chars().filter(|c| !c.is_whitespace()) {
-        match c {
-            '[' => depth += 1,
-            ']' => depth = depth.saturating_sub(1),
-            ',' if depth == 0 => {
-                out.extend((!item.is_empty()).then(|| std::mem::take(&mut item)));
-                continue;
-            }
-            _ => {}
-        }
-        item.push(c);
-    }
-    out.extend((!item.is_empty()).then_some(item));
-    out
+    split_settings(conf)
 }
 
 fn key(setting: &str) -> &str {

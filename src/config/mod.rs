@@ -6,7 +6,7 @@ mod own_settings;
 mod round;
 
 pub use alloc_conf::{parse_alloc_conf, AllocConf, ConfigError, ROUNDUP_INTERVALS};
-pub use own_settings::OWN_KEYS;
+pub use own_settings::{split_settings, OWN_KEYS};
 #[allow(unused_imports)] // the allocators name them through `round::`
 pub(crate) use round::{
     divisions_for, roundup_power2_next_division, MIN_LARGE_ALLOC, ROUND_LARGE, SMALL_BUFFER,

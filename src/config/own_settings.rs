@@ -41,8 +41,15 @@ pub const OWN_KEYS: [(&str, &str); 11] = [
     ("small_page_mb", "ExpandableConfig::small_page, in MiB"),
 ];
 
-/// Splits a settings string at the commas outside `[...]`, dropping whitespace and empty items.
-fn split(conf: &str) -> Vec<String> {
+/// The `key:value` settings of a configuration string, split at the commas outside `[...]`
+/// (`roundup_power2_divisions` takes a bracketed list), whitespace dropped, empty ones skipped.
+///
+/// ```
+/// use vmm_alloc::config::split_settings;
+/// assert_eq!(split_settings(" a:1, roundup_power2_divisions:[256:4,>:1],,"),
+///            ["a:1", "roundup_power2_divisions:[256:4,>:1]"]);
+/// ```
+pub fn split_settings(conf: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut item = String::new();
     let mut depth = 0usize;
@@ -117,7 +124,7 @@ impl ExpandableConfig {
     pub fn with_settings(self, conf: &str) -> Result<Self, ConfigError> {
         let mut pytorch = Vec::new();
         let mut own = Vec::new();
-        for item in split(conf) {
+        for item in split_settings(conf) {
             let (key, value) = item.split_once(':').unwrap_or((item.as_str(), ""));
             if OWN_KEYS.iter().any(|(k, _)| *k == key) {
                 own.push((key.to_string(), value.to_string()));
@@ -185,7 +192,11 @@ mod tests {
             ..ExpandableConfig::default()
         };
         assert_eq!(c, expected);
-        assert_eq!(split(all).len(), OWN_KEYS.len(), "the test sets every key");
+        assert_eq!(
+            split_settings(all).len(),
+            OWN_KEYS.len(),
+            "the test sets every key"
+        );
         // Nothing given, nothing changed; PyTorch's keys mixed in, brackets kept whole.
         let base = ExpandableConfig::pytorch_expandable();
         assert_eq!(base.clone().with_settings("").unwrap(), base);

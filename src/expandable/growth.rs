@@ -251,15 +251,19 @@ impl<B: Backend> State<B> {
     /// Whether taking `want` more bytes, with `held` bytes already taken by the growth in
     /// progress, reaches into the headroom (Note [Headroom]).
     pub(crate) fn pressured(&self, held: usize, want: usize) -> bool {
-        let in_use = self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held;
-        in_use.saturating_add(want) > self.soft_limit()
+        self.in_use(held).saturating_add(want) > self.soft_limit()
+    }
+
+    /// Physical bytes the allocator holds (mapped and cached) plus `held`, those the growth in
+    /// progress already took.
+    fn in_use(&self, held: usize) -> usize {
+        self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held
     }
 
     /// Whether taking `want` more bytes, with `held` bytes already taken by the growth in
     /// progress, would pass the device's (or the memory fraction's) limit.
     fn beyond_device(&self, held: usize, want: usize) -> bool {
-        let in_use = self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held;
-        in_use.saturating_add(want) > self.limit
+        self.in_use(held).saturating_add(want) > self.limit
     }
 
     /// A handle of about `want` bytes (at most `room`) for the growth in progress.
@@ -295,8 +299,7 @@ impl<B: Backend> State<B> {
             {
                 continue;
             }
-            let in_use = self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held;
-            if in_use + want <= self.limit {
+            if !self.beyond_device(held, want) {
                 match track(&mut self.stats, CallKind::Create, self.backend.create(want)) {
                     Ok(h) => {
                         self.stats.bytes_created += want as u64;

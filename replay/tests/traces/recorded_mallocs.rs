@@ -174,16 +174,11 @@ fn a_pending_free_completed_inside_the_call_that_made_a_segment() {
     assert_exact(&c, &[(0, 20 * MIB), (2, 20 * MIB)], 40 * MIB);
 }
 
-/// `garbage_collection_threshold:0.5` with `per_process_memory_fraction:0.25` on an 80 GiB GPU:
-/// allowed 20 GiB, the collector acts above 10 GiB (§1.9). A 1 KiB tensor's 2 MiB small segment
-/// is cached; A and B (6 GiB each) are freed after two large-pool searches (each
-/// `get_free_block` ticks the large pool's clock: both freed at 2). C (7 GiB): the search ticks
-/// to 3 and fails; 12 GiB + 2 MiB > 10 GiB, so the collector frees every unsplit large block
-/// at least as old as the average (A, B: age 1, average 1) — not the small segment — and
-/// `cudaMalloc(7 GiB)` fits in the allowance. The next 1 KiB tensor reuses the small segment;
-/// replaying the run as `empty_cache()` frees it and needs a new one.
-#[test]
-fn garbage_collection_frees_old_large_blocks_only() {
+/// The collector's program (the test below says what PyTorch did): a small 1 KiB tensor in its
+/// own segment, freed; A and B (6 GiB each) allocated and freed; the collector releases A and B
+/// only, C (7 GiB) gets a new segment, and the next 1 KiB tensor reuses the small segment.
+/// Addresses: small at `BASE`, A at +1 GiB, B at +8 GiB, C at +16 GiB.
+pub(crate) fn collector_run() -> Vec<Value> {
     let (small, a, b, c) = (BASE, BASE + GIB, BASE + 8 * GIB, BASE + 16 * GIB);
     let mut t = vec![
         e("segment_alloc", small, 2 * MIB, 0),
@@ -205,6 +200,20 @@ fn garbage_collection_frees_old_large_blocks_only() {
         e("alloc", c, 7 * GIB, 0),
         e("alloc", small, 1024, 0),
     ]);
+    t
+}
+
+/// `garbage_collection_threshold:0.5` with `per_process_memory_fraction:0.25` on an 80 GiB GPU:
+/// allowed 20 GiB, the collector acts above 10 GiB (§1.9). A 1 KiB tensor's 2 MiB small segment
+/// is cached; A and B (6 GiB each) are freed after two large-pool searches (each
+/// `get_free_block` ticks the large pool's clock: both freed at 2). C (7 GiB): the search ticks
+/// to 3 and fails; 12 GiB + 2 MiB > 10 GiB, so the collector frees every unsplit large block
+/// at least as old as the average (A, B: age 1, average 1) — not the small segment — and
+/// `cudaMalloc(7 GiB)` fits in the allowance. The next 1 KiB tensor reuses the small segment;
+/// replaying the run as `empty_cache()` frees it and needs a new one.
+#[test]
+fn garbage_collection_frees_old_large_blocks_only() {
+    let t = collector_run();
     let conf = "garbage_collection_threshold:0.5,per_process_memory_fraction:0.25";
     let c = check(t, settings(conf, -1, 0.5, 0));
     assert_exact(

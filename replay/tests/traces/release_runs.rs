@@ -11,7 +11,7 @@ use vmm_replay::pickle::Value;
 use vmm_replay::replay::{replay, Policy, ReplayOptions};
 use vmm_replay::snapshot::{analyse_snapshot, DeviceTrace, ReleaseRuns};
 
-use crate::recorded_mallocs::{defaults, e, free, settings, BASE, GIB, MIB};
+use crate::recorded_mallocs::{collector_run, defaults, e, free, settings, BASE, GIB, MIB};
 use crate::writer::{dict, dumps, list};
 
 fn analyse(entries: Vec<Value>, recorded_settings: Value) -> DeviceTrace {
@@ -114,32 +114,9 @@ fn an_empty_cache_without_frames_before_a_new_segment() {
 /// call the run `empty_cache()`, freeing the small segment: 6.
 #[test]
 fn a_collector_run_that_leaves_a_free_segment_standing() {
-    let (small, a, b, c, dd) = (
-        BASE,
-        BASE + GIB,
-        BASE + 8 * GIB,
-        BASE + 16 * GIB,
-        BASE + 24 * GIB,
-    );
-    let mut t = vec![
-        e("segment_alloc", small, 2 * MIB, 0),
-        e("alloc", small, 1024, 0),
-    ];
-    t.extend(free(small, 1024, 0));
+    let dd = BASE + 24 * GIB;
+    let mut t = collector_run();
     t.extend([
-        e("segment_alloc", a, 6 * GIB, 0),
-        e("alloc", a, 6 * GIB, 0),
-        e("segment_alloc", b, 6 * GIB, 0),
-        e("alloc", b, 6 * GIB, 0),
-    ]);
-    t.extend(free(a, 6 * GIB, 0));
-    t.extend(free(b, 6 * GIB, 0));
-    t.extend([
-        e("segment_free", a, 6 * GIB, 0),
-        e("segment_free", b, 6 * GIB, 0),
-        e("segment_alloc", c, 7 * GIB, 0),
-        e("alloc", c, 7 * GIB, 0),
-        e("alloc", small, 1024, 0),
         e("segment_alloc", dd, 12 * GIB, 0),
         e("alloc", dd, 12 * GIB, 0),
     ]);
