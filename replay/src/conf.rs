@@ -17,7 +17,7 @@ pub enum Setup {
 }
 
 /// The `key:value` settings of a configuration string (the library's
-/// [`split_settings`](vmm_alloc::config::split_settings), which `with_settings` reads with).
+/// [`split_settings`], which `with_settings` reads with).
 pub fn settings(conf: &str) -> Vec<String> {
     split_settings(conf)
 }
