@@ -114,7 +114,7 @@ fn parse_mb(key: &str, v: &str) -> Result<usize, String> {
 }
 
 /// Applies `VMM_ALLOC_CONF`: `policy` picks the base config (replacing what came before it),
-/// `capacity_mb` and `large_page_mb` are read here, and every other key must be one of the
+/// `capacity_mb` is read here, and every other key must be one of the
 /// library's own settings (`vmm_alloc::config::OWN_KEYS`), applied last by
 /// `ExpandableConfig::with_settings` with its rules (one parser for the C ABI, Python and
 /// `vmm-replay --conf expandable=...`).
@@ -139,7 +139,6 @@ fn apply_ours(
                     ))
                 }
             },
-            "large_page_mb" => config.large_page = parse_mb(key, value)?,
             "capacity_mb" => *capacity = Some(parse_mb(key, value)?),
             _ if OWN_KEYS.iter().any(|(k, _)| *k == key) => own.push(format!("{key}:{value}")),
             _ => return Err(format!("unknown key {key:?}")),
