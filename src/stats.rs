@@ -132,6 +132,15 @@ pub struct MemoryStats {
     /// still mapped, never handed out, not in `reserved_bytes`, unmapped again by `empty_cache`
     /// or the allocator's drop. Expandable only; normally 0.
     pub stuck_bytes: u64,
+    /// Bytes of parked mappings: old mappings of free pages remapped to a growth of their own
+    /// stream without a synchronization (Note \[Parked pages\] in `expandable/parked.rs`). Still
+    /// mapped at their old addresses, which nothing is handed out from, until the stream's next
+    /// synchronization; no memory of their own (their handles are counted where they were
+    /// remapped). Expandable only.
+    pub parked_bytes: u64,
+    /// How many parked mappings there are (each one `cuMemMap` of a handle also mapped, or
+    /// cached, elsewhere).
+    pub parked_pages: u64,
     /// Backend calls by kind, made by this allocator.
     pub calls: CallCounts,
 }

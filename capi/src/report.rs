@@ -116,6 +116,8 @@ pub fn stats_json(s: &MemoryStats, dev: &dyn DeviceOps, max_split_size: Option<u
         ("handle_reuses", s.handle_reuses),
         ("remapped_bytes", s.remapped_bytes),
         ("stuck_bytes", s.stuck_bytes),
+        ("parked_bytes", s.parked_bytes),
+        ("parked_pages", s.parked_pages),
         ("driver_calls", s.calls.total()),
         ("sleep.allocations", sleep.allocations),
         ("sleep.requested_bytes", sleep.requested_bytes),

@@ -97,6 +97,16 @@ pub struct ExpandableConfig {
     /// Default on. PyTorch: off (pools
     /// never share).
     pub borrow_across_pools: bool,
+    /// Remap a fully-free page of the growing stream's own segments without synchronizing
+    /// that stream: its handle is mapped where the growth needs it while the old mapping stays
+    /// *parked* (still mapped, never handed out) until the stream is next synchronized for
+    /// another reason, `empty_cache`, or the handle's release (Note \[Parked pages\] in
+    /// `expandable/release.rs`). Work queued on the stream before the free may still touch the
+    /// old addresses; work queued after it (the only work that can use the new ones) runs after
+    /// it, so this is as safe as reusing the free block in place. Pages of other streams still
+    /// wait for a synchronization. Default on. PyTorch: off (it synchronizes before every
+    /// unmap).
+    pub park_remaps: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -120,6 +130,7 @@ impl Default for ExpandableConfig {
             headroom_fraction: 0.01,
             remap_before_create: false,
             borrow_across_pools: true,
+            park_remaps: true,
         }
     }
 }
@@ -143,6 +154,7 @@ impl ExpandableConfig {
             headroom_fraction: 0.0,
             remap_before_create: false,
             borrow_across_pools: false,
+            park_remaps: false,
             ..Self::default()
         }
     }

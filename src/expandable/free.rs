@@ -74,6 +74,8 @@ impl<B: Backend> State<B> {
     /// it, so once a stream was synchronized after its latest free, every page free on it is
     /// quiet: with `sync_only_after_frees` we skip the call then. Under memory pressure that
     /// turns one synchronization per harvested page into one per stream per burst of frees.
+    /// A growth remapping its own stream's pages need not unmap them at all (Note [Parked
+    /// pages] in `parked.rs`); every synchronization unmaps that stream's parked pages.
     pub(crate) fn sync_before_unmap(&mut self, stream: StreamId) -> Result<(), BackendError> {
         if !self.needs_sync(stream) {
             return Ok(());
@@ -91,6 +93,10 @@ impl<B: Backend> State<B> {
         let synced = self.backend.synchronize(stream);
         track(&mut self.stats, CallKind::Synchronize, synced)?;
         self.unsynced_frees.remove(&stream);
+        // Nothing queued can touch the stream's parked pages any more (Note [Parked pages]). A
+        // page the driver will not unmap stays parked, tried again at the next chance: the
+        // synchronization itself succeeded.
+        let _ = self.unpark_stream(stream);
         Ok(())
     }
 

@@ -34,7 +34,10 @@
 //!
 //! Note [Remap]: when `create` reports out-of-memory, a fully-free chunk of any segment (any
 //! stream, after that stream's queued work is done: Note [Syncs] in `free.rs`) is unmapped and
-//! its handle mapped where the growth needs it. Live blocks never move, so every address handed
+//! its handle mapped where the growth needs it. A chunk of the growing stream's own segments
+//! needs no wait: its old mapping is parked instead of unmapped (Note [Parked pages] in
+//! `parked.rs`), and parked pages count as a hole where a growth needs fewer new bytes by
+//! mapping over them (`choose_target`), after unparking them. Live blocks never move, so every address handed
 //! out stays valid; waste is bounded by partially used pages, not by where live blocks happen to
 //! sit.
 
@@ -58,6 +61,17 @@ struct Target {
     hole_start: u64,
     hole_end: u64,
     new_segment: bool,
+}
+
+/// What a harvest must respect: the growing stream (its own pages may be parked, Note
+/// [Parked pages] in `parked.rs`) and the range the growth relies on (segment, from, to), whose
+/// chunks must not be harvested.
+#[derive(Clone, Copy)]
+struct Harvester {
+    stream: StreamId,
+    seg: SegmentKey,
+    from: u64,
+    to: u64,
 }
 
 /// One chunk mapped by the growth in progress, and where its handle came from.
@@ -86,12 +100,13 @@ impl<B: Backend> State<B> {
         rounded: usize,
     ) -> Result<(u32, PieceId), GrowFail> {
         let page = self.page_for(pool);
-        let target = match self.find_target(stream, pool, rounded) {
+        let target = match self.choose_target(stream, pool, rounded) {
             Some(t) => t,
             None => self.new_segment(stream, pool, rounded, page)?,
         };
         let g = self.granularity as u64;
         let need_end = (target.start + rounded as u64).next_multiple_of(g);
+        let target = self.clear_parked(target, need_end)?;
         let map_end = need_end.min(target.hole_end);
         let slot = self.segments[&target.seg].slot;
         if map_end <= target.hole_start {
@@ -108,7 +123,12 @@ impl<B: Backend> State<B> {
             let room = (target.hole_end - cursor) as usize;
             let mut want = page.min(room);
             // The growth relies on every free byte from the block's start to its end, beyond the hole too.
-            let exclude = (target.seg, target.start, need_end);
+            let exclude = Harvester {
+                stream,
+                seg: target.seg,
+                from: target.start,
+                to: need_end,
+            };
             let held: usize = grown.iter().map(|c| c.len).sum();
             let pressured = self.pressured(held, want);
             if self.config.pressure_tail && self.beyond_device(held, want) {
@@ -172,14 +192,47 @@ impl<B: Backend> State<B> {
         Ok((slot, free))
     }
 
+    /// Where a growth of `rounded` bytes for (stream, pool) goes (Note [Growth]). With pages
+    /// parked (Note [Parked pages] in `parked.rs`), the lowest place counting them as mapped,
+    /// unless counting them as holes needs fewer new bytes mapped there (a free range then
+    /// reaches into them): unparking may cost a synchronization, mapping more costs memory.
+    fn choose_target(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<Target> {
+        let around = self.find_target(stream, pool, rounded, false);
+        if self.parked_handles.is_empty() {
+            return around;
+        }
+        let over = self.find_target(stream, pool, rounded, true);
+        let g = self.granularity as u64;
+        let new_bytes = |t: &Target| {
+            let need_end = (t.start + rounded as u64).next_multiple_of(g);
+            need_end.min(t.hole_end).saturating_sub(t.hole_start)
+        };
+        match (around, over) {
+            (Some(a), Some(o)) if new_bytes(&o) < new_bytes(&a) => Some(o),
+            (None, o) => o,
+            (a, _) => a,
+        }
+    }
+
     /// The lowest place in an existing segment of (stream, pool) where `rounded` fits once the
-    /// hole there is mapped.
-    fn find_target(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<Target> {
+    /// hole there is mapped; with `over_parked`, parked pages count as holes.
+    fn find_target(
+        &self,
+        stream: StreamId,
+        pool: PoolKind,
+        rounded: usize,
+        over_parked: bool,
+    ) -> Option<Target> {
         let slot = self.index.find(StreamPool { stream, pool })?;
         let all = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
         for &(_, key) in self.segments_by_slot.range(all) {
             let seg = &self.segments[&key];
-            for (h_start, h_end) in seg.holes() {
+            let holes: Box<dyn Iterator<Item = (u64, u64)>> = if over_parked {
+                Box::new(seg.holes_unparked())
+            } else {
+                Box::new(seg.holes())
+            };
+            for (h_start, h_end) in holes {
                 // The hole lies in one gap piece (gaps are merged), whose neighbours may be free.
                 let Some(gap) = seg.gap_before(h_start) else {
                     continue;
@@ -203,6 +256,26 @@ impl<B: Backend> State<B> {
             }
         }
         None
+    }
+
+    /// Makes the target's hole mappable (Note [Parked pages] in `parked.rs`): parked pages
+    /// where the request needs memory are unmapped (synchronizing the stream first if work
+    /// queued on it may still touch them); the hole ends before the first parked page beyond.
+    fn clear_parked(&mut self, mut target: Target, need_end: u64) -> Result<Target, GrowFail> {
+        let seg = &self.segments[&target.seg];
+        if seg.parked_in(target.hole_start, need_end) {
+            self.sync_before_unmap(seg.stream)?;
+            self.unpark_segment(target.seg)?;
+        }
+        let seg = &self.segments[&target.seg];
+        if let Some((&first, _)) = seg.parked.range(target.hole_start..target.hole_end).next() {
+            if need_end > first {
+                // A parked page the driver would not unmap is in the way.
+                return Err(GrowFail::OutOfMemory);
+            }
+            target.hole_end = first;
+        }
+        Ok(target)
     }
 
     /// Reserves a new segment: `va_factor ×` device memory, at least the request, in pages.
@@ -267,8 +340,8 @@ impl<B: Backend> State<B> {
     }
 
     /// A handle of about `want` bytes (at most `room`) for the growth in progress.
-    /// `exclude` = (segment, from, to): chunks there must not be harvested (the growth relies on
-    /// them); `held` = bytes this growth already holds, for the memory-fraction limit;
+    /// `exclude`: the growing stream, and chunks that must not be harvested (the growth relies
+    /// on them); `held` = bytes this growth already holds, for the memory-fraction limit;
     /// `pressured`: the growth reaches into the headroom, so free chunks are remapped before
     /// anything is created (Note [Headroom]);
     /// `harvest` = the growth's remap candidates, listed on its first harvest.
@@ -276,7 +349,7 @@ impl<B: Backend> State<B> {
         &mut self,
         want: usize,
         room: usize,
-        exclude: (SegmentKey, u64, u64),
+        exclude: Harvester,
         held: usize,
         pressured: bool,
         harvest: &mut Option<Vec<(SegmentKey, FreeChunk)>>,
@@ -340,7 +413,7 @@ impl<B: Backend> State<B> {
     /// With `quiet_only`, only chunks whose stream needs no synchronization are taken.
     fn harvest_one(
         &mut self,
-        exclude: (SegmentKey, u64, u64),
+        exclude: Harvester,
         want: usize,
         quiet_only: bool,
         listed: &mut Option<Vec<(SegmentKey, FreeChunk)>>,
@@ -353,29 +426,33 @@ impl<B: Backend> State<B> {
             }
         };
         let segments = &self.segments;
+        // Taken without a synchronization: quiet, or parked (Note [Parked pages]).
+        let free_of_sync = |seg: &SegmentKey, c: &FreeChunk| {
+            let s = segments[seg].stream;
+            !self.needs_sync(s) || self.may_park(s, exclude.stream, c)
+        };
         // In the headroom (`quiet_only`): a chunk that needs no synchronization and no larger
         // than the growth needs, so remapping never maps a page's unused tail.
         let fits = |seg: &SegmentKey, c: &FreeChunk| {
-            !quiet_only || (c.chunk.len <= want && !self.needs_sync(segments[seg].stream))
+            !quiet_only || (c.chunk.len <= want && free_of_sync(seg, c))
         };
         let best = cands
             .iter()
             .enumerate()
             .filter(|(_, (seg, c))| fits(seg, c))
-            .max_by_key(|(_, (seg, c))| {
-                (
-                    !self.needs_sync(segments[seg].stream),
-                    c.chunk.len == want,
-                    c.at,
-                )
-            })
+            .max_by_key(|(_, (seg, c))| (free_of_sync(seg, c), c.chunk.len == want, c.at))
             .map(|(i, _)| i);
         let Some(best) = best else {
             return Ok(false);
         };
         let (seg, free) = cands[best];
-        self.sync_before_unmap(self.segments[&seg].stream)?;
-        let front = self.unmap_chunk(seg, free)?;
+        let stream = self.segments[&seg].stream;
+        let front = if self.needs_sync(stream) && self.may_park(stream, exclude.stream, &free) {
+            self.park_chunk(seg, free)
+        } else {
+            self.sync_before_unmap(stream)?;
+            self.unmap_chunk(seg, free)?
+        };
         cands.swap_remove(best);
         if let Some(front) = front {
             for (s, c) in cands.iter_mut() {
@@ -390,14 +467,11 @@ impl<B: Backend> State<B> {
         Ok(true)
     }
 
-    /// Every fully-free chunk of every segment, outside `exclude` = (segment, from, to), in
+    /// Every fully-free chunk of every segment, outside `exclude`'s range, in
     /// address order. Only the segments of the release index can hold one (Note [Release
     /// index]): the caller brings it up to date.
-    fn harvest_candidates(
-        &mut self,
-        exclude: (SegmentKey, u64, u64),
-    ) -> Vec<(SegmentKey, FreeChunk)> {
-        let (ex_seg, ex_from, ex_to) = exclude;
+    fn harvest_candidates(&mut self, exclude: Harvester) -> Vec<(SegmentKey, FreeChunk)> {
+        let (ex_seg, ex_from, ex_to) = (exclude.seg, exclude.from, exclude.to);
         let mut out = Vec::new();
         let mut visited = 0;
         for key in self.releasable.segments() {

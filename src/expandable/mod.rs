@@ -14,6 +14,7 @@ mod free;
 mod free_ranges;
 mod growth;
 mod handle_cache;
+mod parked;
 mod pieces;
 mod recent_frees;
 mod releasable;

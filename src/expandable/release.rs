@@ -31,15 +31,18 @@ impl<B: Backend> State<B> {
         for seg in keys {
             self.unmap_stuck(seg)?;
             let chunks = self.free_chunks(&self.segments[&seg]);
-            if !chunks.is_empty() {
+            let parked = !self.segments[&seg].parked.is_empty();
+            if !chunks.is_empty() || parked {
                 self.sync_before_unmap(self.segments[&seg].stream)?;
             }
+            // A synchronization unparked them already; without one the stream was quiet.
+            self.unpark_segment(seg)?;
             for c in chunks {
                 self.unmap_chunk(seg, c)?;
                 self.unmapped_handle(c.chunk)?;
             }
             let s = &self.segments[&seg];
-            if s.chunks.is_empty() && s.stuck.is_empty() {
+            if s.chunks.is_empty() && s.stuck.is_empty() && s.parked.is_empty() {
                 self.free_segment(seg)?;
             } else {
                 // Every free chunk and stuck chunk is gone: nothing left to give back.
@@ -72,14 +75,21 @@ impl<B: Backend> State<B> {
         }
     }
 
-    /// Whether `seg` has something `release_cached` gives back: a stuck chunk, a chunk wholly
-    /// free, or no chunk at all (the segment itself goes).
+    /// Whether `seg` has something `release_cached` gives back: a stuck or parked chunk, a chunk
+    /// wholly free, or no chunk at all (the segment itself goes).
     pub(crate) fn has_releasable(&self, seg: &Segment) -> bool {
-        !seg.stuck.is_empty() || seg.chunks.is_empty() || self.has_free_chunk(seg)
+        !seg.stuck.is_empty()
+            || !seg.parked.is_empty()
+            || seg.chunks.is_empty()
+            || self.has_free_chunk(seg)
     }
 
     /// Keeps the handle of an unmapped chunk in the cache, or releases it without the cache.
     pub(crate) fn unmapped_handle(&mut self, chunk: Chunk) -> Result<(), BackendError> {
+        if !self.config.handle_cache {
+            // Released at once: its parked mapping, if any, goes first (Note [Parked pages]).
+            self.unpark_handle(chunk.handle)?;
+        }
         self.cache.keep_or_release(
             self.config.handle_cache,
             &self.backend,
@@ -178,6 +188,10 @@ impl<B: Backend> State<B> {
             let Some((h, len)) = self.cache.take_largest() else {
                 break;
             };
+            if let Err(e) = self.unpark_handle(h) {
+                self.cache.put(h, len);
+                return Err(e);
+            }
             self.release_or_keep(h, len)?;
         }
         Ok(())

@@ -86,10 +86,18 @@ pub(crate) struct Segment {
     /// mapped in the backend, never handed out, not counted in `mapped_bytes`.
     /// Changed only through `add_stuck` / `remove_stuck`.
     pub(crate) stuck: BTreeMap<u64, Chunk>,
-    /// start -> end of each maximal run of chunks and stuck chunks: the mapped parts of `va`, so
+    /// Old mappings of handles remapped elsewhere without a synchronization (Note [Parked
+    /// pages] in `release.rs`): still mapped, never handed out, not counted in `mapped_bytes`;
+    /// the handle belongs to where it was remapped. Changed only through `add_parked` /
+    /// `remove_parked`.
+    pub(crate) parked: BTreeMap<u64, Chunk>,
+    /// start -> end of each maximal run of chunks, stuck and parked chunks: the mapped parts of `va`, so
     /// that finding a hole walks the holes, not every chunk (growth asks on every page it maps;
     /// collecting all chunks each time was a fifth of a replay's time).
     occupied: BTreeMap<u64, u64>,
+    /// The same runs without the parked chunks: what growth may map over once it unparks them
+    /// (Note [Parked pages] in `parked.rs`).
+    solid: BTreeMap<u64, u64>,
 }
 
 impl Segment {
@@ -111,7 +119,9 @@ impl Segment {
             chunks: BTreeMap::new(),
             mapped_bytes: 0,
             stuck: BTreeMap::new(),
+            parked: BTreeMap::new(),
             occupied: BTreeMap::new(),
+            solid: BTreeMap::new(),
         }
     }
 
@@ -123,13 +133,33 @@ impl Segment {
         self.va.start.get() + self.va.len as u64
     }
 
-    /// The unmapped holes, in address order, as `(start, end)`. Stuck chunks are no hole: they
-    /// are still mapped, and mapping over them would fail.
+    /// The unmapped holes, in address order, as `(start, end)`. Stuck and parked chunks are no
+    /// hole: they are still mapped, and mapping over them would fail.
     pub(crate) fn holes(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.holes_between(&self.occupied)
+    }
+
+    /// The holes growth may map once it unparks the parked chunks in them: parked chunks count
+    /// as unmapped (Note [Parked pages] in `parked.rs`).
+    pub(crate) fn holes_unparked(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.holes_between(&self.solid)
+    }
+
+    /// Whether a parked chunk lies in `[at, end)`.
+    pub(crate) fn parked_in(&self, at: u64, end: u64) -> bool {
+        self.parked
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&s, c)| s + c.len as u64 > at)
+    }
+
+    fn holes_between<'a>(
+        &'a self,
+        runs: &'a BTreeMap<u64, u64>,
+    ) -> impl Iterator<Item = (u64, u64)> + 'a {
         let mut cursor = self.start();
         let end = self.end();
-        self.occupied
-            .iter()
+        runs.iter()
             .map(|(&s, &e)| (s, e))
             .chain(std::iter::once((end, end)))
             .filter_map(move |(s, e)| {
@@ -141,34 +171,48 @@ impl Segment {
 
     pub(crate) fn add_chunk(&mut self, at: u64, chunk: Chunk) {
         self.chunks.insert(at, chunk);
-        self.occupy(at, at + chunk.len as u64);
+        self.occupy(at, at + chunk.len as u64, true);
     }
 
     pub(crate) fn remove_chunk(&mut self, at: u64) -> Option<Chunk> {
         let chunk = self.chunks.remove(&at)?;
-        self.vacate(at, at + chunk.len as u64);
+        self.vacate(at, at + chunk.len as u64, true);
         Some(chunk)
     }
 
     pub(crate) fn add_stuck(&mut self, at: u64, chunk: Chunk) {
         self.stuck.insert(at, chunk);
-        self.occupy(at, at + chunk.len as u64);
+        self.occupy(at, at + chunk.len as u64, true);
     }
 
     pub(crate) fn remove_stuck(&mut self, at: u64) -> Option<Chunk> {
         let chunk = self.stuck.remove(&at)?;
-        self.vacate(at, at + chunk.len as u64);
+        self.vacate(at, at + chunk.len as u64, true);
         Some(chunk)
     }
 
-    /// Whether `occupied` is exactly the runs of `chunks` and `stuck`: for `check`.
+    pub(crate) fn add_parked(&mut self, at: u64, chunk: Chunk) {
+        self.parked.insert(at, chunk);
+        self.occupy(at, at + chunk.len as u64, false);
+    }
+
+    pub(crate) fn remove_parked(&mut self, at: u64) -> Option<Chunk> {
+        let chunk = self.parked.remove(&at)?;
+        self.vacate(at, at + chunk.len as u64, false);
+        Some(chunk)
+    }
+
+    /// Whether `occupied` is exactly the runs of `chunks`, `stuck` and `parked`, and `solid`
+    /// those of `chunks` and `stuck`: for `check`.
     pub(crate) fn occupied_is_consistent(&self) -> bool {
-        let mut taken: Vec<(u64, u64)> = self
-            .chunks
-            .iter()
-            .chain(&self.stuck)
-            .map(|(&at, c)| (at, at + c.len as u64))
-            .collect();
+        let solid = self.chunks.iter().chain(&self.stuck);
+        let runs = |m: &BTreeMap<u64, u64>| m.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>();
+        Self::runs_of(solid.clone()) == runs(&self.solid)
+            && Self::runs_of(solid.chain(&self.parked)) == runs(&self.occupied)
+    }
+
+    fn runs_of<'a>(chunks: impl Iterator<Item = (&'a u64, &'a Chunk)>) -> Vec<(u64, u64)> {
+        let mut taken: Vec<(u64, u64)> = chunks.map(|(&at, c)| (at, at + c.len as u64)).collect();
         taken.sort_unstable();
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for (s, e) in taken {
@@ -177,44 +221,50 @@ impl Segment {
                 _ => runs.push((s, e)),
             }
         }
-        runs.into_iter()
-            .eq(self.occupied.iter().map(|(&s, &e)| (s, e)))
+        runs
     }
 
-    /// `[at, end)` became mapped: merge it with the runs it touches.
-    fn occupy(&mut self, at: u64, end: u64) {
+    /// `[at, end)` became mapped (`solid`: by a chunk or a stuck chunk, not a parked one):
+    /// merge it with the runs it touches.
+    fn occupy(&mut self, at: u64, end: u64, solid: bool) {
+        Self::occupy_in(&mut self.occupied, at, end);
+        if solid {
+            Self::occupy_in(&mut self.solid, at, end);
+        }
+    }
+
+    fn occupy_in(runs: &mut BTreeMap<u64, u64>, at: u64, end: u64) {
         let mut start = at;
-        let before = self
-            .occupied
-            .range(..=at)
-            .next_back()
-            .map(|(&s, &e)| (s, e));
+        let before = runs.range(..=at).next_back().map(|(&s, &e)| (s, e));
         if let Some((s, e)) = before.filter(|&(_, e)| e == at) {
-            self.occupied.remove(&s);
+            runs.remove(&s);
             start = s;
             debug_assert_eq!(e, at);
         }
-        let end = self.occupied.remove(&end).unwrap_or(end);
-        self.occupied.insert(start, end);
+        let end = runs.remove(&end).unwrap_or(end);
+        runs.insert(start, end);
     }
 
-    /// `[at, end)` is no longer mapped: split the run holding it.
-    fn vacate(&mut self, at: u64, end: u64) {
-        let run = self
-            .occupied
-            .range(..=at)
-            .next_back()
-            .map(|(&s, &e)| (s, e));
+    /// `[at, end)` is no longer mapped: split the runs holding it.
+    fn vacate(&mut self, at: u64, end: u64, solid: bool) {
+        Self::vacate_in(&mut self.occupied, at, end);
+        if solid {
+            Self::vacate_in(&mut self.solid, at, end);
+        }
+    }
+
+    fn vacate_in(runs: &mut BTreeMap<u64, u64>, at: u64, end: u64) {
+        let run = runs.range(..=at).next_back().map(|(&s, &e)| (s, e));
         let Some((s, e)) = run.filter(|&(_, e)| e >= end) else {
             debug_assert!(false, "vacating {at:#x}..{end:#x}, which is not occupied");
             return;
         };
-        self.occupied.remove(&s);
+        runs.remove(&s);
         if s < at {
-            self.occupied.insert(s, at);
+            runs.insert(s, at);
         }
         if end < e {
-            self.occupied.insert(end, e);
+            runs.insert(end, e);
         }
     }
 

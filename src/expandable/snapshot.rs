@@ -38,7 +38,8 @@ impl<B: Backend> State<B> {
                     state: BlockState::Inactive,
                 });
             }
-            for (start, end) in seg.holes() {
+            // Parked pages hold no memory of their own (Note [Parked pages]): shown unmapped.
+            for (start, end) in seg.holes_unparked() {
                 blocks.push(BlockInfo {
                     address: DevAddr::new(start),
                     size: (end - start) as usize,
@@ -69,6 +70,10 @@ impl<B: Backend> State<B> {
         }
         self.deferred.abandon_all(&self.backend);
         for seg in std::mem::take(&mut self.segments).into_values() {
+            // Parked mappings only unmap: their handles are released where they were remapped.
+            for (&at, c) in &seg.parked {
+                let _ = self.backend.unmap(DevAddr::new(at), c.len);
+            }
             for (&at, c) in seg.chunks.iter().chain(&seg.stuck) {
                 let _ = self.backend.unmap(DevAddr::new(at), c.len);
                 let _ = self.backend.release(c.handle);
@@ -79,6 +84,7 @@ impl<B: Backend> State<B> {
             let _ = self.backend.release(h);
         }
         self.live.clear();
+        self.parked_handles.clear();
         self.index.clear();
         self.segments_by_slot.clear();
         self.pieces.clear();

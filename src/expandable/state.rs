@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::backend::{Access, Backend, CallKind, EventId, StreamId};
+use crate::backend::{Access, Backend, CallKind, EventId, PhysHandle, StreamId};
 use crate::config::{ConfigError, ExpandableConfig};
 use crate::error::AllocError;
 use crate::expandable::handle_cache::HandleCache;
@@ -77,6 +77,9 @@ pub(crate) struct State<B: Backend> {
     /// Streams on which a block was freed since the stream was last synchronized: only their free
     /// pages may still be touched by queued work (Note [Syncs]). A handful of streams at most.
     pub(super) unsynced_frees: FxHashSet<StreamId>,
+    /// handle -> (segment, address) of its parked mapping (Note [Parked pages] in `parked.rs`):
+    /// at most one per handle. Empty unless a growth remapped a page without a synchronization.
+    pub(crate) parked_handles: FxHashMap<PhysHandle, (SegmentKey, u64)>,
     /// What the driver would not take back yet (Note [Deferred releases]): events whose
     /// release failed (tried again by the next `process_events`), new segments of rolled-back
     /// growths (tried again by `empty_cache`); all given back at teardown.
@@ -126,6 +129,7 @@ impl<B: Backend> State<B> {
             stats,
             recent_frees: RecentFrees::new(RECENT_FREES),
             unsynced_frees: FxHashSet::default(),
+            parked_handles: FxHashMap::default(),
             deferred: Deferred::default(),
             owner: crate::allocator::AllocatorId::fresh(),
         })
@@ -148,6 +152,9 @@ impl<B: Backend> State<B> {
         let stuck = self.segments.values().flat_map(|s| s.stuck.values());
         let stuck: usize = stuck.map(|c| c.len).sum();
         stats.stuck_bytes = (stuck + self.deferred.mapped_bytes()) as u64;
+        let parked = self.segments.values().flat_map(|s| s.parked.values());
+        stats.parked_bytes = parked.map(|c| c.len as u64).sum();
+        stats.parked_pages = self.parked_handles.len() as u64;
         stats
     }
 }

@@ -9,7 +9,11 @@ use vmm_alloc::{Allocator, ExpandableAllocator, StreamId};
 const MB: usize = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
 
-fn on_device(capacity: usize, config: ExpandableConfig) -> ExpandableAllocator<SimBackend> {
+/// Ours on a Sim device of `capacity` bytes.
+pub(crate) fn on_device(
+    capacity: usize,
+    config: ExpandableConfig,
+) -> ExpandableAllocator<SimBackend> {
     let sim = SimBackend::with_config(SimConfig {
         capacity,
         ..SimConfig::default()
@@ -63,8 +67,10 @@ fn pages_stay_large_without_pressure() {
     a.deallocate(b).unwrap();
 }
 
-/// In the headroom, free pages freed since their stream's last synchronization are not remapped
-/// (that would cost a synchronization PyTorch's policy does not pay there), and while a whole
+/// In the headroom, free pages of the growing stream are remapped first, with no
+/// synchronization (Note [Parked pages]): the 30 MiB request extends the free 20 MiB page with
+/// five free small pages and holds no more memory. Without parking, those pages would cost a
+/// synchronization PyTorch's policy does not pay there, so they are not taken, and while a whole
 /// page still fits in the device the growth creates a whole page, as PyTorch does: a cut tail
 /// would save nothing here and cost the next request a growth. Only where the page would not fit
 /// is the last handle cut to what the request needs (10 MiB on a device with 10 MiB left, where
@@ -103,11 +109,16 @@ fn in_the_headroom_pages_stay_whole_until_the_device_end() {
     };
     // 42 MiB held (11 small pages, one large page), 20 MiB of it free in the large segment.
     let page = 20 * MB as i64;
+    assert_eq!(run(config.clone(), 128 * MB), Some((0, 0)));
+    let config = ExpandableConfig {
+        park_remaps: false,
+        ..config
+    };
     assert_eq!(run(config.clone(), 128 * MB), Some((page, 0)));
     let pytorch = ExpandableConfig::pytorch_expandable;
     assert_eq!(run(pytorch(), 128 * MB), Some((page, 0)));
-    // 52 MiB device: 10 MiB left, a whole page does not fit. Ours cuts the tail; PyTorch
-    // synchronizes, gives back the ten free small pages and creates a whole page.
+    // 52 MiB device: 10 MiB left, a whole page does not fit. Ours (without parking) cuts the
+    // tail; PyTorch synchronizes, gives back the ten free small pages and creates a whole page.
     let headroom = ExpandableConfig {
         headroom_bytes: 16 * MB,
         ..config
@@ -157,8 +168,9 @@ fn headroom_keeps_the_last_free_bytes_free() {
 /// a 7012 MiB request found 14.78 GiB free in 5 ranges and grew by 4600 MiB). Here: 100 MiB
 /// freed between live blocks, then a 140 MiB request. By default (and in PyTorch) the segment
 /// grows to 340 MiB for 240 MiB live; with `remap_before_create` the hole's five fully-free
-/// pages are remapped to the growth, at the cost of one stream synchronization, and 240 MiB are
-/// held.
+/// pages are remapped to the growth and 240 MiB are held, at the cost of one stream
+/// synchronization, or of none where the pages are parked (Note [Parked pages]: they are the
+/// growing stream's own).
 #[test]
 fn remap_before_create_reuses_a_hole_too_small_for_the_request() {
     use vmm_alloc::backend::CallKind;
@@ -183,7 +195,12 @@ fn remap_before_create_reuses_a_hole_too_small_for_the_request() {
         remap_before_create: true,
         ..ExpandableConfig::default()
     };
-    assert_eq!(run(remap), (240 * MB as u64, 1));
+    assert_eq!(run(remap.clone()), (240 * MB as u64, 0));
+    let unparked = ExpandableConfig {
+        park_remaps: false,
+        ..remap
+    };
+    assert_eq!(run(unparked), (240 * MB as u64, 1));
 }
 
 /// Note [Borrowing]: on a 24 MiB device, a 12 MiB block and a kept 6 MiB block share a 20 MiB

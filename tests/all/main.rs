@@ -8,6 +8,7 @@ mod expandable_regressions;
 mod expandable_rollback;
 mod foreign_frees;
 mod model;
+mod parked_pages;
 mod pytorch_parity;
 mod pytorch_rounding;
 mod scaling_regressions;

@@ -161,6 +161,7 @@ fn view(a: &dyn Under) -> View {
         ("handles_cached", s.handles_cached),
         ("handle_cache_bytes", s.handle_cache_bytes),
         ("stuck_bytes", s.stuck_bytes),
+        ("parked_bytes", s.parked_bytes),
         ("handle_reuses", s.handle_reuses),
         ("remapped_bytes", s.remapped_bytes),
     ]);
@@ -360,6 +361,7 @@ impl<'a, B: EmulatedBackend> Run<'a, B> {
             || after.stats.remapped_bytes != before.stats.remapped_bytes
             || after.stats.handles_cached != before.stats.handles_cached
             || after.stats.stuck_bytes != before.stats.stuck_bytes
+            || after.stats.parked_bytes != before.stats.parked_bytes
             || has_pending(&before.snapshot);
         let exact = match op {
             Op::Free { .. } | Op::Record { .. } => true,
@@ -511,10 +513,13 @@ fn check_backend(
         // Chunks a failed rollback could not unmap ("stuck") stay mapped outside `reserved`,
         // each still one mapping of one handle; a rolled-back new segment whose reservation
         // would not free is no segment any more but still a reservation (Note [Abandoned]).
+        // A parked page (Note [Parked pages]) is a second mapping of a handle mapped or cached
+        // elsewhere, outside `reserved`.
+        let parked = (stats.parked_pages as usize, stats.parked_bytes as usize);
         (live.reservations == segments || !exact && live.reservations > segments)
-            && live.handles == live.mappings + stats.handles_cached as usize
-            && live.mapped_bytes >= reserved
-            && (!exact || live.mapped_bytes == reserved)
+            && live.handles + parked.0 == live.mappings + stats.handles_cached as usize
+            && live.mapped_bytes >= reserved + parked.1
+            && (!exact || live.mapped_bytes == reserved + parked.1)
     };
     if !ok {
         return Err(format!(

@@ -47,6 +47,14 @@ impl<B: Backend> State<B> {
                 found: sums.pieces,
             });
         }
+        let parked: usize = self.segments.values().map(|s| s.parked.len()).sum();
+        if parked != self.parked_handles.len() {
+            return Err(V::Count {
+                what: "parked pages, against the handles listed as parked",
+                kept: self.parked_handles.len(),
+                found: parked,
+            });
+        }
         let indexed = self.index.len();
         if indexed != sums.free_ranges {
             return Err(V::IndexCount {

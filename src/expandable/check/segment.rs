@@ -3,7 +3,7 @@
 use crate::backend::Backend;
 use crate::expandable::check::Sums;
 use crate::expandable::pieces::{Kind, PieceId, NIL};
-use crate::expandable::segment::{Segment, SegmentKey};
+use crate::expandable::segment::{Chunk, Segment, SegmentKey};
 use crate::expandable::size_index::{FreeRange, StreamPool};
 use crate::expandable::state::State;
 use crate::mechanism::violation::InvariantViolation as V;
@@ -84,6 +84,30 @@ impl<B: Backend> State<B> {
             }
             cursor = at + c.len as u64;
             sum += c.len;
+        }
+        let key = SegmentKey::of(&seg.va);
+        for (&at, c) in &seg.parked {
+            // Parked pages are listed under their handle, and no chunk or stuck chunk is there.
+            let end = at + c.len as u64;
+            let clash = |m: &std::collections::BTreeMap<u64, Chunk>| {
+                m.range(..end)
+                    .next_back()
+                    .is_some_and(|(&s, k)| s + k.len as u64 > at)
+            };
+            let listed = self.parked_handles.get(&c.handle) == Some(&(key, at));
+            if !listed
+                || clash(&seg.chunks)
+                || clash(&seg.stuck)
+                || at < seg.start()
+                || end > seg.end()
+            {
+                let at = DevAddr::new(at);
+                return Err(V::ChunkPlacement {
+                    segment,
+                    at,
+                    len: c.len,
+                });
+            }
         }
         for (&at, c) in &seg.stuck {
             let end = at + c.len as u64;

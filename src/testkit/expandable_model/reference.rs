@@ -254,6 +254,7 @@ impl Model {
         log: &MappingState,
     ) -> Result<(), String> {
         let mut by_pool = [0u64; 2];
+        let mut parked = 0u64;
         for (&at, &len) in &log.mapped {
             let seg = snap
                 .segments
@@ -263,7 +264,24 @@ impl Model {
                     a <= at && at + len as u64 <= a + s.total_size as u64
                 })
                 .ok_or(format!("backend mapping {at:#x}+{len:#x} in no segment"))?;
-            by_pool[idx(seg.pool)] += len as u64;
+            // A mapping where the snapshot shows unmapped addresses is a parked page (Note
+            // [Parked pages]): no reserved memory of its own, counted by `parked_bytes`.
+            let unmapped = seg.blocks.iter().any(|b| {
+                let a = b.address.get();
+                b.state == BlockState::Unmapped && a <= at && at + len as u64 <= a + b.size as u64
+            });
+            if unmapped {
+                parked += len as u64;
+            } else {
+                by_pool[idx(seg.pool)] += len as u64;
+            }
+        }
+        if parked != stats.parked_bytes {
+            return Err(format!(
+                "the backend maps {parked} B where the snapshot shows unmapped addresses, but \
+                 parked_bytes is {}",
+                stats.parked_bytes
+            ));
         }
         let got = [
             stats.reserved_bytes.small_pool.current,
