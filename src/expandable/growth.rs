@@ -37,9 +37,9 @@
 //! its handle mapped where the growth needs it. A chunk of the growing stream's own segments
 //! needs no wait: its old mapping is parked instead of unmapped (Note [Parked pages] in
 //! `parked.rs`), and parked pages count as a hole where a growth needs fewer new bytes by
-//! mapping over them (`choose_target`), after unparking them. Live blocks never move, so every address handed
-//! out stays valid; waste is bounded by partially used pages, not by where live blocks happen to
-//! sit.
+//! mapping over them (`choose_target`), after unparking them. Live blocks never move, so every
+//! address handed out stays valid; waste is bounded by partially used pages, not by where live
+//! blocks happen to sit.
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
 use crate::error::BackendError;

@@ -91,9 +91,9 @@ pub(crate) struct Segment {
     /// the handle belongs to where it was remapped. Changed only through `add_parked` /
     /// `remove_parked`.
     pub(crate) parked: BTreeMap<u64, Chunk>,
-    /// start -> end of each maximal run of chunks, stuck and parked chunks: the mapped parts of `va`, so
-    /// that finding a hole walks the holes, not every chunk (growth asks on every page it maps;
-    /// collecting all chunks each time was a fifth of a replay's time).
+    /// start -> end of each maximal run of chunks, stuck and parked chunks: the mapped parts of
+    /// `va`, so that finding a hole walks the holes, not every chunk (growth asks on every page
+    /// it maps; collecting all chunks each time was a fifth of a replay's time).
     occupied: BTreeMap<u64, u64>,
     /// The same runs without the parked chunks: what growth may map over once it unparks them
     /// (Note [Parked pages] in `parked.rs`).
