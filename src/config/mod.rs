@@ -97,6 +97,13 @@ pub struct ExpandableConfig {
     /// Default on. PyTorch: off (pools
     /// never share).
     pub borrow_across_pools: bool,
+    /// A per-stream front cache (Note \[Front cache\] in `expandable/front.rs`): a block freed
+    /// with [`Allocator::deallocate`](crate::Allocator::deallocate) is parked on its stream, and
+    /// an allocation on that stream of the same size takes it back, neither taking the
+    /// allocator's lock, so threads on different streams scale. Statistics stay exact; which
+    /// block a request gets, and so how memory fragments, can differ. Default off (the measured
+    /// policy); PyTorch: off.
+    pub front_cache: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -120,6 +127,7 @@ impl Default for ExpandableConfig {
             headroom_fraction: 0.01,
             remap_before_create: false,
             borrow_across_pools: true,
+            front_cache: false,
         }
     }
 }
