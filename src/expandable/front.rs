@@ -35,6 +35,16 @@
 //!   stream's shard (`slow_only`) when the core makes them so, under all the locks.
 //! * `deallocate_ptr` (what the C ABI calls) knows only the address, so it takes the slow path.
 //!
+//! What it serves, measured (BENCHMARKS.md, "Threads"): a stream that frees a block and then asks
+//! for the same size again before any other slow call (inference and training loops of fixed
+//! shapes, at their innermost), served without the lock. Not a loop that frees several sizes
+//! before it allocates them again: its first request of another size is a slow call, which gives
+//! every parked block back. Leaving them parked for an allocation the core serves from its own
+//! free ranges was tried and breaks the peaks: the core's peak is then set while a parked block
+//! counts as free, and taking that block back later raises `current` above a peak that only the
+//! core could raise (the property test's saved case). A peak exact under that scheme needs one
+//! shared order of every call, the very cost the front cache exists to avoid.
+//!
 //! Why a switch, off by default ([`ExpandableConfig::front_cache`](crate::config::ExpandableConfig::front_cache)):
 //! a parked block is not merged with its free neighbours until the next slow call, and a hit
 //! reuses the parked block where best fit might have chosen another range, so which addresses a
