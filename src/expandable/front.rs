@@ -168,7 +168,10 @@ impl FrontCache {
         size: usize,
         requested: usize,
     ) -> bool {
-        let mut shard = self.shards[shard_of(stream)].0.lock();
+        let Some(shard) = self.shards.get(shard_of(stream)) else {
+            return false;
+        };
+        let mut shard = shard.0.lock();
         if shard.parked.len() >= PER_SHARD
             || (!shard.slow_only.is_empty() && shard.slow_only.contains(&addr))
         {
@@ -191,7 +194,7 @@ impl FrontCache {
         rounded: usize,
         requested: usize,
     ) -> Option<u64> {
-        let mut shard = self.shards[shard_of(stream)].0.lock();
+        let mut shard = self.shards.get(shard_of(stream))?.0.lock();
         if shard.events_due {
             return None;
         }

@@ -297,7 +297,8 @@ fn with_front_cache(sim: SimBackend) -> ExpandableAllocator<SimBackend> {
 /// block (parked in its shard), tells the second, then frees and allocates the small one again
 /// (parked and taken back, or through the core). The second then allocates 40 MiB, which fits
 /// only if the memory parked on the first stream is reclaimed: every schedule must succeed, and
-/// the statistics read at the end must count every call.
+/// the statistics read at the end must count every call. A third thread checks the invariants
+/// (the parked blocks' too) and reads the statistics while they run.
 #[test]
 fn front_cache_two_streams_growth_and_reclaim() {
     model(|| {
@@ -330,8 +331,16 @@ fn front_cache_two_streams_growth_and_reclaim() {
                 alloc.deallocate(big).expect("deallocate");
             })
         };
+        let reader = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                alloc.check_invariants().expect("invariants mid-flight");
+                stats_sane(&*alloc);
+            })
+        };
         first.join().unwrap();
         second.join().unwrap();
+        reader.join().unwrap();
         let alloc = Arc::try_unwrap(alloc).ok().expect("handles back");
         alloc.check_invariants().expect("invariants");
         let s = alloc.stats();
