@@ -134,6 +134,35 @@ fn a_parked_block_freed_again_by_address_is_a_double_free() {
     alloc.check_invariants().unwrap();
 }
 
+/// A block borrowed from the large pool (Note [Borrowing]) counts in the large pool: its free
+/// goes through the core, never parked, so freeing it and asking again counts as without the
+/// front cache (a parked pair would count in the small pool). The setup of
+/// `a_small_request_under_pressure_borrows_a_free_range_of_the_large_pool`: 24 MiB device, a
+/// full small page, 14 MiB free beside a live block in a large page.
+#[test]
+fn a_borrowed_block_is_never_parked() {
+    let run = |on: bool| {
+        let a = ExpandableAllocator::new(sim(24 * MB), front(on)).unwrap();
+        let mut live: Vec<_> = (0..2).map(|_| a.allocate(MB, S1).unwrap()).collect();
+        let big = a.allocate(12 * MB, S1).unwrap();
+        live.push(a.allocate(6 * MB, S1).unwrap());
+        a.deallocate(big).unwrap();
+        let borrowed = a.allocate(MB, S1).unwrap();
+        a.deallocate(borrowed).unwrap();
+        let again = a.allocate(MB, S1).unwrap();
+        a.check_invariants().unwrap();
+        let s = a.stats();
+        assert_eq!(s.allocated_bytes.large_pool.current, 7 * MB as u64, "{s:?}");
+        a.deallocate(again).unwrap();
+        for b in live {
+            a.deallocate(b).unwrap();
+        }
+        a.check_invariants().unwrap();
+        a.stats()
+    };
+    assert_eq!(counters(&run(true)), counters(&run(false)));
+}
+
 /// One call of the comparison: allocate `SIZES[size]` on stream `stream`, free the `i`-th live
 /// block (typed or by address), record a use by stream 2, read statistics, empty the cache.
 #[derive(Clone, Debug)]
