@@ -1,10 +1,14 @@
 //! Threads: 1 and 2 threads, each on its own stream, running allocate/free loops against one
 //! shared allocator on the Sim backend (no device cost: this is lock and bookkeeping throughput).
 //! Reported as operations per second, one operation being one `allocate` or one `deallocate`.
+//! The total work is the same for 1 and 2 threads (`PAIRS` pairs per iteration, split between
+//! the threads), so the two groups' times compare directly.
 //!
 //! Each thread keeps a ring of `RING` live blocks and, per step, frees the oldest and allocates the
 //! next size of `SIZES` (small and large pools both), so the free-range index holds more than one
-//! block. Every allocator (expandable, pytorch-expandable, classic) runs in the same process.
+//! block; in the `threads-same-size` groups it allocates the size it just freed instead. Every allocator (expandable, with and without its per-stream front cache,
+//! pytorch-expandable, classic) runs in the same process, and so does `expandable-unshared`: one
+//! allocator per thread, nothing shared, the most any locking scheme could reach on the machine.
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
@@ -17,18 +21,31 @@ use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, SimBackend, StreamId
 
 const SIZES: [usize; 6] = [512, 4 << 10, 64 << 10, 1 << 20, 3 << 20, 20 << 20];
 const RING: usize = 8;
-/// Allocate/free pairs per thread per iteration: enough that spawning the threads is noise.
-const PAIRS: usize = 2_000;
+/// Allocate/free pairs per iteration, all threads together: enough that spawning the threads is
+/// noise.
+const PAIRS: usize = 4_000;
 
 type Make = fn() -> Arc<dyn Allocator>;
 
-const ALLOCATORS: [(&str, Make); 3] = [
-    ("expandable", || {
-        Arc::new(
-            ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::default())
-                .expect("alloc"),
-        )
+fn expandable() -> Arc<dyn Allocator> {
+    Arc::new(
+        ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::default()).expect("alloc"),
+    )
+}
+
+/// `expandable-unshared` makes a fresh allocator per thread from this marker.
+const UNSHARED: &str = "expandable-unshared";
+
+const ALLOCATORS: [(&str, Make); 5] = [
+    ("expandable", expandable),
+    ("expandable-front-cache", || {
+        let config = ExpandableConfig {
+            front_cache: true,
+            ..ExpandableConfig::default()
+        };
+        Arc::new(ExpandableAllocator::new(SimBackend::new(), config).expect("alloc"))
     }),
+    (UNSHARED, expandable),
     ("pytorch-expandable", || {
         Arc::new(
             ExpandableAllocator::new(SimBackend::new(), ExpandableConfig::pytorch_expandable())
@@ -40,23 +57,46 @@ const ALLOCATORS: [(&str, Make); 3] = [
     }),
 ];
 
-/// One thread's loop: `pairs` times, free the oldest of the ring and allocate the next size.
-fn churn(a: &dyn Allocator, stream: StreamId, ring: &mut Vec<Allocation>, pairs: usize) {
+/// One thread's loop: `pairs` times, free the oldest of the ring and allocate the next size of
+/// `SIZES` or, with `same_size`, the size just freed (fixed shapes: a tensor freed and the next
+/// of its shape allocated).
+fn churn(
+    a: &dyn Allocator,
+    stream: StreamId,
+    ring: &mut Vec<Allocation>,
+    pairs: usize,
+    same_size: bool,
+) {
     for i in 0..pairs {
         let old = ring.remove(0);
+        let size = if same_size {
+            old.requested()
+        } else {
+            SIZES[i % SIZES.len()]
+        };
         a.deallocate(old).expect("deallocate");
-        let size = SIZES[i % SIZES.len()];
         ring.push(black_box(a.allocate(size, stream).expect("allocate")));
     }
 }
 
-/// Runs `iters * PAIRS` pairs on each of `threads` threads at once and returns the time from the
-/// common start to the last thread's end (thread start-up is outside it).
-fn run(a: &Arc<dyn Allocator>, threads: usize, iters: u64) -> Duration {
+/// Runs `iters * PAIRS / threads` pairs on each of `threads` threads at once (each on its own
+/// allocator when `unshared`: fresh ones, warmed before the start) and returns the time from
+/// the common start to the last thread's end (thread start-up is outside it).
+fn run(
+    a: &Arc<dyn Allocator>,
+    unshared: bool,
+    same_size: bool,
+    threads: usize,
+    iters: u64,
+) -> Duration {
     let start = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)
         .map(|t| {
-            let a = Arc::clone(a);
+            let a = if unshared {
+                expandable()
+            } else {
+                Arc::clone(a)
+            };
             let start = Arc::clone(&start);
             std::thread::spawn(move || {
                 // Separate streams: each thread's blocks live in its own pools.
@@ -67,8 +107,17 @@ fn run(a: &Arc<dyn Allocator>, threads: usize, iters: u64) -> Duration {
                             .expect("allocate")
                     })
                     .collect();
+                if unshared {
+                    churn(&*a, stream, &mut ring, PAIRS, same_size);
+                }
                 start.wait();
-                churn(&*a, stream, &mut ring, iters as usize * PAIRS);
+                churn(
+                    &*a,
+                    stream,
+                    &mut ring,
+                    iters as usize * PAIRS / threads,
+                    same_size,
+                );
                 for b in ring {
                     a.deallocate(b).expect("deallocate");
                 }
@@ -84,21 +133,25 @@ fn run(a: &Arc<dyn Allocator>, threads: usize, iters: u64) -> Duration {
 }
 
 fn bench_threads(c: &mut Criterion) {
-    for threads in [1, 2] {
-        let mut g = c.benchmark_group(format!("threads/{threads}"));
-        g.sample_size(20)
-            .warm_up_time(Duration::from_millis(500))
-            .measurement_time(Duration::from_secs(2))
-            .throughput(Throughput::Elements((threads * PAIRS * 2) as u64));
-        for (name, make) in ALLOCATORS {
-            let a = make();
-            // Map every segment once, so the timed loops run on cached memory.
-            run(&a, threads, 1);
-            g.bench_function(BenchmarkId::from_parameter(name), |b| {
-                b.iter_custom(|iters| run(&a, threads, iters))
-            });
+    // `threads`: the mixed ring; `threads-same-size`: each step allocates the size it freed.
+    for (prefix, same_size) in [("threads", false), ("threads-same-size", true)] {
+        for threads in [1, 2] {
+            let mut g = c.benchmark_group(format!("{prefix}/{threads}"));
+            g.sample_size(20)
+                .warm_up_time(Duration::from_millis(500))
+                .measurement_time(Duration::from_secs(2))
+                .throughput(Throughput::Elements((PAIRS * 2) as u64));
+            for (name, make) in ALLOCATORS {
+                let a = make();
+                let unshared = name == UNSHARED;
+                // Map every segment once, so the timed loops run on cached memory.
+                run(&a, unshared, same_size, threads, 1);
+                g.bench_function(BenchmarkId::from_parameter(name), |b| {
+                    b.iter_custom(|iters| run(&a, unshared, same_size, threads, iters))
+                });
+            }
+            g.finish();
         }
-        g.finish();
     }
 }
 

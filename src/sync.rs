@@ -8,8 +8,10 @@
 //! schedule can ever find it held (see `tests/loom.rs`).
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::Mutex;
+pub(crate) use parking_lot::{Mutex, MutexGuard};
 
+#[cfg(loom)]
+pub(crate) use loom::sync::MutexGuard;
 #[cfg(loom)]
 pub(crate) use loom_mutex::Mutex;
 

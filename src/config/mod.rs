@@ -101,12 +101,19 @@ pub struct ExpandableConfig {
     /// that stream: its handle is mapped where the growth needs it while the old mapping stays
     /// *parked* (still mapped, never handed out) until the stream is next synchronized for
     /// another reason, `empty_cache`, or the handle's release (Note \[Parked pages\] in
-    /// `expandable/release.rs`). Work queued on the stream before the free may still touch the
+    /// `expandable/parked.rs`). Work queued on the stream before the free may still touch the
     /// old addresses; work queued after it (the only work that can use the new ones) runs after
     /// it, so this is as safe as reusing the free block in place. Pages of other streams still
     /// wait for a synchronization. Default on. PyTorch: off (it synchronizes before every
     /// unmap).
     pub park_remaps: bool,
+    /// A per-stream front cache (Note \[Front cache\] in `expandable/front.rs`): a block freed
+    /// with [`Allocator::deallocate`](crate::Allocator::deallocate) is stashed on its stream, and
+    /// an allocation on that stream of the same size takes it back, neither taking the
+    /// allocator's lock, so threads on different streams scale. Statistics stay exact; which
+    /// block a request gets, and so how memory fragments, can differ. Default off (the measured
+    /// policy); PyTorch: off.
+    pub front_cache: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -131,6 +138,7 @@ impl Default for ExpandableConfig {
             remap_before_create: false,
             borrow_across_pools: true,
             park_remaps: true,
+            front_cache: false,
         }
     }
 }

@@ -7,11 +7,16 @@
 //! complete. The improvements over PyTorch, each a [`ExpandableConfig`] switch: the handle cache
 //! (Note \[Handle cache\]), remap-defrag (Note \[Remap\]), one set-access call per mapped run, exact
 //! rollback of a failed growth, and `max_split_size` not applied to expandable blocks.
+//!
+//! Threads: one state behind one lock; with [`ExpandableConfig::front_cache`] on, a per-stream
+//! front cache in front of it serves a free and an identical allocation on one stream without
+//! that lock (Note \[Front cache\] in `front.rs`).
 
 mod allocate;
 mod check;
 mod free;
 mod free_ranges;
+mod front;
 mod growth;
 mod handle_cache;
 mod parked;
@@ -32,10 +37,12 @@ use crate::backend::{Backend, StreamId};
 use crate::config::ExpandableConfig;
 use crate::error::AllocError;
 use crate::mechanism::owner::take_back;
+use crate::mechanism::request::Request;
 use crate::snapshot::Snapshot;
 use crate::stats::MemoryStats;
 use crate::units::DevAddr;
 
+use front::FrontCache;
 use state::State;
 
 /// Expandable-segments allocator: see the [module docs](self).
@@ -52,7 +59,9 @@ use state::State;
 /// assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
 /// ```
 pub struct ExpandableAllocator<B: Backend> {
+    /// Lock order: `state`, then `front`'s shards by index (Note [Front cache]).
     state: Mutex<State<B>>,
+    front: FrontCache,
     /// Stamped on every allocation; checked outside the lock when one is given back.
     owner: AllocatorId,
 }
@@ -63,6 +72,7 @@ impl<B: Backend> ExpandableAllocator<B> {
         let state = State::new(backend, config)?;
         Ok(Self {
             owner: state.owner,
+            front: FrontCache::new(&state.config),
             state: Mutex::new(state),
         })
     }
@@ -81,7 +91,22 @@ impl<B: Backend> ExpandableAllocator<B> {
     /// Checks every internal invariant (segments, free ranges, index, stats) and returns the first
     /// violation. Walks the whole state: for tests and debugging.
     pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
-        self.state.lock().check()
+        let state = self.state.lock();
+        let shards = self.front.lock_all();
+        front::check(&state, &shards)?;
+        state.check()
+    }
+
+    /// Runs `f` on the state with every stashed block given back to it first (Note [Front
+    /// cache]): the slow path of every call but `config`, `with_backend` and `held_bytes`, which
+    /// read what a stashed block does not change.
+    fn slow<T>(&self, f: impl FnOnce(&mut State<B>, &mut front::AllShards<'_>) -> T) -> T {
+        let mut state = self.state.lock();
+        let mut shards = self.front.lock_all();
+        front::flush(&mut state, &mut shards);
+        let out = f(&mut state, &mut shards);
+        front::note_events(&state, &mut shards);
+        out
     }
 
     /// Segments the release path (`empty_cache`, the last resort of a failing allocation) has
@@ -113,27 +138,69 @@ impl<B: Backend> std::fmt::Debug for ExpandableAllocator<B> {
 
 impl<B: Backend> Allocator for ExpandableAllocator<B> {
     fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError> {
-        self.state.lock().allocate(size, stream)
+        if !self.front.is_on() {
+            return self.state.lock().allocate(size, stream);
+        }
+        if let Ok(req) = Request::new(size, &self.front.divisions) {
+            if let Some(at) = self.front.try_take(stream, req.rounded, req.size) {
+                return Ok(Allocation {
+                    ptr: DevAddr::new(at),
+                    size: req.rounded,
+                    requested: req.size,
+                    stream,
+                    owner: self.owner,
+                });
+            }
+        }
+        self.slow(|state, shards| {
+            let a = state.allocate(size, stream)?;
+            front::after_allocate(state, shards, a.ptr.get(), a.size);
+            Ok(a)
+        })
     }
 
     fn deallocate(&self, allocation: Allocation) -> Result<(), AllocError> {
+        if self.front.is_on() && allocation.owner == self.owner {
+            let (addr, stream) = (allocation.ptr.get(), allocation.stream);
+            if self
+                .front
+                .try_stash(addr, stream, allocation.size, allocation.requested)
+            {
+                let _ = allocation.into_ptr();
+                return Ok(());
+            }
+        }
         self.deallocate_ptr(take_back(self.owner, allocation)?)
     }
 
     fn deallocate_ptr(&self, ptr: DevAddr) -> Result<(), AllocError> {
-        self.state.lock().deallocate(ptr)
+        if !self.front.is_on() {
+            return self.state.lock().deallocate(ptr);
+        }
+        self.slow(|state, shards| {
+            let stream = front::stream_of(state, ptr.get());
+            state.deallocate(ptr)?;
+            if let Some(stream) = stream {
+                front::after_free(shards, stream, ptr.get());
+            }
+            Ok(())
+        })
     }
 
     fn record_stream(&self, ptr: DevAddr, stream: StreamId) -> Result<(), AllocError> {
-        self.state.lock().record_stream(ptr, stream)
+        self.slow(|state, shards| {
+            state.record_stream(ptr, stream)?;
+            front::after_record_stream(state, shards, ptr.get());
+            Ok(())
+        })
     }
 
     fn empty_cache(&self) -> Result<(), AllocError> {
-        self.state.lock().empty_cache()
+        self.slow(|state, _| state.empty_cache())
     }
 
     fn stats(&self) -> MemoryStats {
-        self.state.lock().stats_now()
+        self.slow(|state, _| state.stats_now())
     }
 
     fn held_bytes(&self) -> u64 {
@@ -142,11 +209,11 @@ impl<B: Backend> Allocator for ExpandableAllocator<B> {
     }
 
     fn reset_peak_stats(&self) {
-        self.state.lock().stats.reset_peak();
+        self.slow(|state, _| state.stats.reset_peak());
     }
 
     fn snapshot(&self) -> Snapshot {
-        self.state.lock().snapshot()
+        self.slow(|state, _| state.snapshot())
     }
 }
 

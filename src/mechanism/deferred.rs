@@ -132,6 +132,11 @@ pub(crate) struct Deferred {
 }
 
 impl Deferred {
+    /// Whether an event's release waits to be tried again (by the next `process_events`).
+    pub(crate) fn has_events(&self) -> bool {
+        !self.events.is_empty()
+    }
+
     /// Releases `event` (counted); one the backend refuses is kept and retried later.
     pub(crate) fn release_event<B: Backend>(
         &mut self,

@@ -7,6 +7,7 @@ mod expandable_pressure;
 mod expandable_regressions;
 mod expandable_rollback;
 mod foreign_frees;
+mod front_cache;
 mod model;
 mod parked_pages;
 mod pytorch_parity;

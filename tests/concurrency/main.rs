@@ -1,6 +1,7 @@
 //! Multi-threaded stress of both allocators (issue 8, reliability): RMM's multi-thread and
 //! `AllocFreeDifferentThreads` tests, mimalloc's `test-stress` and PyTorch's multithread tests
-//! turned on `ExpandableAllocator` (`ExpandableConfig::default()`) and `ClassicAllocator`, each over Sim
+//! turned on `ExpandableAllocator` (`ExpandableConfig::default()`, and with its per-stream front
+//! cache on) and `ClassicAllocator`, each over Sim
 //! (no bytes, exact bookkeeping) and Host (real bytes).
 //!
 //! One run: four workers, each with its own stream, plus one stream they share. Each worker
@@ -247,17 +248,18 @@ fn classic_invariants<B: vmm_alloc::Backend>(a: &ClassicAllocator<B>) -> Result<
 }
 
 fn expandable<B: EmulatedBackend>(capacity: usize, shape: Shape) {
+    expandable_with::<B>("expandable", ExpandableConfig::default(), capacity, shape);
+}
+
+fn expandable_with<B: EmulatedBackend>(
+    name: &'static str,
+    config: ExpandableConfig,
+    capacity: usize,
+    shape: Shape,
+) {
     let b = B::with_capacity(capacity).expect("emulated backend");
-    let alloc =
-        ExpandableAllocator::new(b.clone(), ExpandableConfig::default()).expect("allocator");
-    stress(
-        "expandable",
-        b,
-        capacity,
-        alloc,
-        &expandable_invariants,
-        shape,
-    );
+    let alloc = ExpandableAllocator::new(b.clone(), config).expect("allocator");
+    stress(name, b, capacity, alloc, &expandable_invariants, shape);
 }
 
 fn classic<B: EmulatedBackend>(capacity: usize, shape: Shape) {
@@ -274,6 +276,35 @@ fn expandable_sim() {
 #[test]
 fn expandable_host() {
     expandable::<HostBackend>(HOST_CAPACITY, HOST_SHAPE);
+}
+
+/// With the per-stream front cache on (Note [Front cache]): frees stashed and taken back without
+/// the lock while the other workers and the maintenance thread take the slow path.
+fn front_cache() -> ExpandableConfig {
+    ExpandableConfig {
+        front_cache: true,
+        ..ExpandableConfig::default()
+    }
+}
+
+#[test]
+fn expandable_front_cache_sim() {
+    expandable_with::<SimBackend>(
+        "expandable+front_cache",
+        front_cache(),
+        SIM_CAPACITY,
+        SIM_SHAPE,
+    );
+}
+
+#[test]
+fn expandable_front_cache_host() {
+    expandable_with::<HostBackend>(
+        "expandable+front_cache",
+        front_cache(),
+        HOST_CAPACITY,
+        HOST_SHAPE,
+    );
 }
 
 #[test]

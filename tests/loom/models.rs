@@ -22,6 +22,7 @@ use loom::sync::mpsc::channel;
 use loom::sync::Arc;
 use loom::thread;
 
+use vmm_alloc::backend::SimConfig;
 use vmm_alloc::classic::ClassicAllocator;
 use vmm_alloc::config::{AllocConf, ExpandableConfig};
 use vmm_alloc::{Allocation, Allocator, Backend, ExpandableAllocator, SimBackend, StreamId};
@@ -281,4 +282,86 @@ fn expandable_concurrent_allocations_differ() {
 #[test]
 fn classic_concurrent_allocations_differ() {
     concurrent_allocations_differ(classic, 3 * MB);
+}
+
+fn with_front_cache(sim: SimBackend) -> ExpandableAllocator<SimBackend> {
+    let config = ExpandableConfig {
+        front_cache: true,
+        ..ExpandableConfig::default()
+    };
+    ExpandableAllocator::new(sim, config).expect("allocator")
+}
+
+/// The per-stream front cache (Note [Front cache]): two threads on two streams of a 42 MiB
+/// device. The first grows its stream's segments (a 20 MiB block, a 4 KiB one), frees the large
+/// block (stashed in its shard), tells the second, then frees and allocates the small one again
+/// (stashed and taken back, or through the core). The second then allocates 40 MiB, which fits
+/// only if the memory stashed on the first stream is reclaimed: every schedule must succeed, and
+/// the statistics read at the end must count every call. A third thread checks the invariants
+/// (the stashed blocks' too) and reads the statistics while they run.
+#[test]
+fn front_cache_two_streams_growth_and_reclaim() {
+    model(|| {
+        let sim = SimBackend::with_config(SimConfig {
+            capacity: 42 * MB,
+            ..SimConfig::default()
+        })
+        .expect("sim");
+        let alloc = Arc::new(with_front_cache(sim.clone()));
+        let (tx, rx) = channel::<()>();
+        let first = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                let large = alloc.allocate(20 * MB, S1).expect("allocate");
+                let small = alloc.allocate(4 * KB, S1).expect("allocate");
+                alloc.deallocate(large).expect("deallocate");
+                tx.send(()).unwrap();
+                alloc.deallocate(small).expect("deallocate");
+                let again = alloc.allocate(4 * KB, S1).expect("allocate");
+                alloc.deallocate(again).expect("deallocate");
+            })
+        };
+        let second = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                rx.recv().unwrap();
+                let big = alloc
+                    .allocate(40 * MB, S2)
+                    .expect("reclaims the stashed memory");
+                alloc.deallocate(big).expect("deallocate");
+            })
+        };
+        let reader = {
+            let alloc = alloc.clone();
+            thread::spawn(move || {
+                alloc.check_invariants().expect("invariants mid-flight");
+                stats_sane(&*alloc);
+            })
+        };
+        first.join().unwrap();
+        second.join().unwrap();
+        reader.join().unwrap();
+        let alloc = Arc::try_unwrap(alloc).ok().expect("handles back");
+        alloc.check_invariants().expect("invariants");
+        let s = alloc.stats();
+        assert_eq!(s.allocation.all.current, 0);
+        assert_eq!((s.allocation.all.allocated, s.allocation.all.freed), (4, 4));
+        // The 40 MiB block, with the small one beside it or not: never the stashed 20 MiB too.
+        let peak = s.allocated_bytes.all.peak;
+        assert!(
+            peak == (40 * MB) as u64 || peak == (40 * MB + 4 * KB) as u64,
+            "{s:?}"
+        );
+        alloc.empty_cache().expect("empty_cache");
+        assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+        drop(alloc);
+        assert!(sim.live().is_empty(), "{}", sim.live());
+    });
+}
+
+#[test]
+fn front_cache_hand_off() {
+    three_threads(with_front_cache, true, |a| {
+        a.check_invariants().map_err(|e| e.to_string())
+    });
 }

@@ -201,15 +201,29 @@ issue 7's anchor; see the GPU section).\n\n",
     );
     out.push_str(
         "Sim. Each thread has its own stream and keeps a ring of 8 live blocks; per step it frees \
-the oldest and allocates the next of 512 B / 4 KiB / 64 KiB / 1 MiB / 3 MiB / 20 MiB, 2,000 \
-steps per thread per iteration, on memory mapped before timing. One operation is one `allocate` \
-or one `deallocate`; ops/s counts all threads together. The time runs from a common start \
-barrier to the last thread's end. 20 samples, 2 s.\n\n",
+the oldest and allocates the next of 512 B / 4 KiB / 64 KiB / 1 MiB / 3 MiB / 20 MiB, 4,000 \
+steps per iteration split between the threads (the same work for 1 and 2), on memory mapped \
+before timing. One operation is one `allocate` or one `deallocate`; ops/s counts all threads \
+together. The time runs from a common start barrier to the last thread's end. 20 samples, 2 s. \
+`expandable-front-cache` is expandable with its per-stream front cache on (`front_cache`, Note \
+[Front cache] in `src/expandable/front.rs`); `expandable-unshared` gives each thread an \
+allocator of its own, nothing shared: the most any locking could reach on the machine.\n\n",
     );
     if thread_groups.is_empty() {
         not_run(out, "threads_<N>");
     } else {
         threads_table(out, d, &thread_groups);
+    }
+    let same_size = d.groups_with("threads-same-size/");
+    out.push_str(
+        "The same with fixed shapes (`threads-same-size`): per step each thread frees the oldest \
+of its 8 blocks and allocates the size it just freed, what the front cache serves without the \
+lock.\n\n",
+    );
+    if same_size.is_empty() {
+        not_run(out, "threads-same-size_<N>");
+    } else {
+        threads_table(out, d, &same_size);
     }
 
     // GPU.

@@ -1,0 +1,357 @@
+//! The per-stream front cache (Note [Front cache]): freed blocks kept aside per stream and handed
+//! out again to an identical request on that stream without the allocator's lock.
+//!
+//! Note [Front cache]: with one lock around the whole state, two threads on two streams run at
+//! 0.78× the throughput of one (BENCHMARKS.md, "Threads"): every call moves the lock and the
+//! state's cache lines from one core to the other. Sharding the state per stream would need the
+//! segments, the handle cache, the limits and the release index split apart, and the pressure
+//! path (memory one stream holds, reclaimed when another runs out) to see every shard; the
+//! statistics' peaks need one order of every allocate and free anyway. So the core stays one
+//! state behind one lock, and what scales is put in front of it:
+//!
+//! * Each stream hashes to one of [`SHARDS`] shards, each behind its own lock on its own cache
+//!   line. A free through [`Allocator::deallocate`](crate::Allocator::deallocate) (which knows the
+//!   block's stream, size and request) stashes the block in its stream's shard, up to
+//!   [`PER_SHARD`] blocks, and returns; an allocation on that stream of the same rounded size
+//!   and the same requested size takes the latest such block back. Neither touches the state:
+//!   the core still counts the stashed block live, exactly as before the free.
+//! * Every other call is the slow path: it takes the state's lock, then every shard's lock in
+//!   index order, gives every stashed block back to the core (the frees the core never saw), and
+//!   only then runs, holding all of them. So growth, the out-of-memory path, `empty_cache`,
+//!   `stats`, snapshots, `reset_peak_stats` and `deallocate_ptr` see every free that returned
+//!   before them, and no fast call runs in the middle of a slow one.
+//! * Lock order: state, then shards by index. A fast call holds one shard's lock, takes nothing
+//!   else while holding it, and gives it up before it falls back to the slow path: no cycle, so
+//!   no deadlock.
+//! * Statistics stay exact. A free stashed and then taken back is a pair whose net change of
+//!   every `current` is zero, so it moves no peak; the shard counts the pairs (per pool: how
+//!   many, bytes, requested bytes) and the slow path adds them to the `allocated` and `freed`
+//!   totals, which is all the pair changed. A stashed block not taken back is freed in the core
+//!   before any slow call runs, so every figure a user can read, and every peak, is what the
+//!   calls in their order made it, and no allocation is counted on top of a block already freed.
+//! * Blocks the front cache must not stash go the slow way: a block used by another stream
+//!   (`record_stream`: its free must record events) and a block borrowed from the other pool
+//!   (Note [Borrowing]: its statistics count in the pool that holds it) are named in their
+//!   stream's shard (`slow_only`) when the core makes them so, under all the locks.
+//! * `deallocate_ptr` (what the C ABI calls) knows only the address, so it takes the slow path.
+//!
+//! What it serves, measured (BENCHMARKS.md, "Threads"): a stream that frees a block and then asks
+//! for the same size again before any other slow call (inference and training loops of fixed
+//! shapes, at their innermost), served without the lock. Not a loop that frees several sizes
+//! before it allocates them again: its first request of another size is a slow call, which gives
+//! every stashed block back. Leaving them stashed for an allocation the core serves from its own
+//! free ranges was tried and breaks the peaks: the core's peak is then set while a stashed block
+//! counts as free, and taking that block back later raises `current` above a peak that only the
+//! core could raise (the property test's saved case). A peak exact under that scheme needs one
+//! shared order of every call, the very cost the front cache exists to avoid.
+//!
+//! Why a switch, off by default ([`ExpandableConfig::front_cache`](crate::config::ExpandableConfig::front_cache)):
+//! a stashed block is not merged with its free neighbours until the next slow call, and a hit
+//! reuses the stashed block where best fit might have chosen another range, so which addresses a
+//! program gets, and in corner cases how much a segment grows, can differ from the allocator
+//! without it; the replay results of this project are measured with the default. Everything a
+//! user reads (the block counters and their peaks) is the same with it on (the property test
+//! `front_cache_counts_match_the_core` in `tests/all/front_cache.rs`).
+
+use rustc_hash::FxHashSet;
+
+use crate::backend::{Backend, StreamId};
+use crate::config::{ExpandableConfig, ROUNDUP_INTERVALS, SMALL_SIZE};
+use crate::expandable::state::State;
+use crate::mechanism::violation::InvariantViolation;
+use crate::stats::{MemoryStats, PoolKind, StatArray};
+use crate::sync::{Mutex, MutexGuard};
+use crate::units::DevAddr;
+
+/// Shards of the front cache: streams hash into them (a power of two).
+pub(crate) const SHARDS: usize = 4;
+/// Blocks one shard keeps stashed at most: enough for a loop that frees a few sizes before it
+/// allocates them again, few enough that a scan of them is a handful of compares.
+pub(crate) const PER_SHARD: usize = 16;
+
+/// A block freed by the user and stashed: still live in the core.
+#[derive(Clone, Copy, Debug)]
+struct Stashed {
+    addr: u64,
+    stream: StreamId,
+    size: usize,
+    requested: usize,
+}
+
+/// Pairs (a stashed block taken back) of one pool, not yet added to the statistics.
+#[derive(Clone, Copy, Default, Debug)]
+struct Pairs {
+    count: u64,
+    bytes: u64,
+    requested: u64,
+}
+
+/// One shard: its stashed blocks, the blocks that must be freed through the core, and the pairs
+/// to count.
+#[derive(Default, Debug)]
+pub(crate) struct Shard {
+    stashed: Vec<Stashed>,
+    slow_only: FxHashSet<u64>,
+    /// Small pool, large pool.
+    pairs: [Pairs; 2],
+    /// Whether the core, as the last slow call left it, has work for its next allocation's
+    /// look at events (blocks waiting for other streams, event releases to retry): then every
+    /// allocation takes the slow path, so events are looked at when they would be without the
+    /// front cache.
+    events_due: bool,
+}
+
+/// A shard's lock alone on its cache lines, so two streams' shards do not share one.
+#[repr(align(128))]
+struct Padded(Mutex<Shard>);
+
+/// The shards; none when the switch is off.
+pub(crate) struct FrontCache {
+    shards: Vec<Padded>,
+    /// The configuration's `roundup_power2_divisions`: a request's rounded size, without the
+    /// state's lock.
+    pub(crate) divisions: [usize; ROUNDUP_INTERVALS],
+}
+
+/// Every shard, locked in index order by the slow path.
+pub(crate) type AllShards<'a> = Vec<MutexGuard<'a, Shard>>;
+
+/// The pool of a rounded size (as `Request::new` chooses it).
+fn pool_of(rounded: usize) -> PoolKind {
+    if rounded <= SMALL_SIZE {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
+    }
+}
+
+fn pool_slot(pool: PoolKind) -> usize {
+    match pool {
+        PoolKind::Small => 0,
+        PoolKind::Large => 1,
+    }
+}
+
+/// The shard of `stream`: CUDA streams are pointers, Sim streams small numbers; both spread.
+fn shard_of(stream: StreamId) -> usize {
+    let h = stream.raw() ^ (stream.raw() >> 7);
+    (h as usize) & (SHARDS - 1)
+}
+
+impl FrontCache {
+    pub(crate) fn new(config: &ExpandableConfig) -> Self {
+        let shards = if config.front_cache {
+            (0..SHARDS)
+                .map(|_| Padded(Mutex::new(Shard::default())))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Self {
+            shards,
+            divisions: config.roundup_power2_divisions,
+        }
+    }
+
+    /// Whether the switch is on.
+    #[inline]
+    pub(crate) fn is_on(&self) -> bool {
+        !self.shards.is_empty()
+    }
+
+    /// Stashes a block the user freed; false when it must go through the core (its shard is full,
+    /// or the block is one of its `slow_only`).
+    pub(crate) fn try_stash(
+        &self,
+        addr: u64,
+        stream: StreamId,
+        size: usize,
+        requested: usize,
+    ) -> bool {
+        let Some(shard) = self.shards.get(shard_of(stream)) else {
+            return false;
+        };
+        let mut shard = shard.0.lock();
+        if shard.stashed.len() >= PER_SHARD
+            || (!shard.slow_only.is_empty() && shard.slow_only.contains(&addr))
+        {
+            return false;
+        }
+        shard.stashed.push(Stashed {
+            addr,
+            stream,
+            size,
+            requested,
+        });
+        true
+    }
+
+    /// Takes back the latest block stashed on `stream` of `rounded` bytes for a request of
+    /// `requested`, and counts the pair.
+    pub(crate) fn try_take(
+        &self,
+        stream: StreamId,
+        rounded: usize,
+        requested: usize,
+    ) -> Option<u64> {
+        let mut shard = self.shards.get(shard_of(stream))?.0.lock();
+        if shard.events_due {
+            return None;
+        }
+        let i = shard
+            .stashed
+            .iter()
+            .rposition(|p| p.stream == stream && p.size == rounded && p.requested == requested)?;
+        let p = shard.stashed.remove(i);
+        let pairs = &mut shard.pairs[pool_slot(pool_of(rounded))];
+        pairs.count += 1;
+        pairs.bytes += rounded as u64;
+        pairs.requested += requested as u64;
+        Some(p.addr)
+    }
+
+    /// Every shard locked, in index order (after the state's lock: Note [Front cache]).
+    pub(crate) fn lock_all(&self) -> AllShards<'_> {
+        self.shards.iter().map(|s| s.0.lock()).collect()
+    }
+}
+
+/// Gives every stashed block back to the core and adds the pairs to its statistics: what the
+/// slow path does first, holding the state's lock and every shard's.
+pub(crate) fn flush<B: Backend>(state: &mut State<B>, shards: &mut AllShards<'_>) {
+    for shard in shards.iter_mut() {
+        for p in shard.stashed.drain(..) {
+            // A stashed block is live in the core and used by no other stream (those are
+            // `slow_only`), so its free records no event and cannot fail.
+            let _ = state.deallocate(DevAddr::new(p.addr));
+        }
+        for (slot, pool) in [(0, PoolKind::Small), (1, PoolKind::Large)] {
+            let pairs = std::mem::take(&mut shard.pairs[slot]);
+            if pairs.count > 0 {
+                count_pairs(&mut state.stats, pool, pairs);
+            }
+        }
+    }
+}
+
+/// What the slow path does last: tells every shard whether the core's next allocation has
+/// events to look at.
+pub(crate) fn note_events<B: Backend>(state: &State<B>, shards: &mut AllShards<'_>) {
+    let due = !state.pending.is_empty() || state.deferred.has_events();
+    for shard in shards.iter_mut() {
+        shard.events_due = due;
+    }
+}
+
+/// What `pairs` frees-then-allocations changed: the totals, never `current` or `peak`.
+fn count_pairs(stats: &mut MemoryStats, pool: PoolKind, pairs: Pairs) {
+    let both = |a: &mut StatArray, n: u64| {
+        let in_pool = match pool {
+            PoolKind::Small => &mut a.small_pool,
+            PoolKind::Large => &mut a.large_pool,
+        };
+        for s in [&mut a.all, in_pool] {
+            s.allocated += n;
+            s.freed += n;
+        }
+    };
+    both(&mut stats.allocation, pairs.count);
+    both(&mut stats.active, pairs.count);
+    both(&mut stats.allocated_bytes, pairs.bytes);
+    both(&mut stats.active_bytes, pairs.bytes);
+    both(&mut stats.requested_bytes, pairs.requested);
+}
+
+impl<B: Backend> State<B> {
+    /// The stream of live block `addr` and the pool that holds it.
+    fn home_of(&self, addr: u64) -> Option<(StreamId, PoolKind, bool)> {
+        let b = self.live.get(&addr)?;
+        let key = self.index.key(b.slot);
+        Some((key.stream, key.pool, !b.uses.is_empty()))
+    }
+}
+
+/// After the core allocated `addr` of `rounded` bytes: a block borrowed from the other pool
+/// must be freed through the core (Note [Front cache]).
+pub(crate) fn after_allocate<B: Backend>(
+    state: &State<B>,
+    shards: &mut AllShards<'_>,
+    addr: u64,
+    rounded: usize,
+) {
+    if let Some((stream, pool, _)) = state.home_of(addr) {
+        if pool != pool_of(rounded) {
+            slow_only(shards, stream, addr);
+        }
+    }
+}
+
+/// After `record_stream` on `addr`: its free must record events, in the core.
+pub(crate) fn after_record_stream<B: Backend>(
+    state: &State<B>,
+    shards: &mut AllShards<'_>,
+    addr: u64,
+) {
+    if let Some((stream, _, _)) = state.home_of(addr) {
+        slow_only(shards, stream, addr);
+    }
+}
+
+/// Names `addr` in `stream`'s shard as a block to free through the core (none when off).
+fn slow_only(shards: &mut AllShards<'_>, stream: StreamId, addr: u64) {
+    if let Some(shard) = shards.get_mut(shard_of(stream)) {
+        shard.slow_only.insert(addr);
+    }
+}
+
+/// The stream of the block at `addr`, before the core frees it (so the slow path can forget it
+/// from its shard's `slow_only` after).
+pub(crate) fn stream_of<B: Backend>(state: &State<B>, addr: u64) -> Option<StreamId> {
+    state.home_of(addr).map(|(s, _, _)| s)
+}
+
+/// After the core freed `addr` of `stream`: nothing to remember about it any more.
+pub(crate) fn after_free(shards: &mut AllShards<'_>, stream: StreamId, addr: u64) {
+    if let Some(shard) = shards.get_mut(shard_of(stream)) {
+        shard.slow_only.remove(&addr);
+    }
+}
+
+/// The front cache's invariants, without flushing it: every stashed block is live in the core on
+/// its stream, of its size and request, used by no other stream, held in its own pool, stashed
+/// once, in its stream's shard; every `slow_only` block is live.
+pub(crate) fn check<B: Backend>(
+    state: &State<B>,
+    shards: &AllShards<'_>,
+) -> Result<(), InvariantViolation> {
+    let mut seen = FxHashSet::default();
+    for (i, shard) in shards.iter().enumerate() {
+        for p in &shard.stashed {
+            let bad = InvariantViolation::BlockRecord {
+                at: DevAddr::new(p.addr),
+            };
+            let Some((stream, pool, used)) = state.home_of(p.addr) else {
+                return Err(bad);
+            };
+            let block = &state.live[&p.addr];
+            let fits = stream == p.stream
+                && shard_of(stream) == i
+                && state.size_of(block) == p.size
+                && block.requested == p.requested
+                && pool == pool_of(p.size)
+                && !used
+                && seen.insert(p.addr);
+            if !fits {
+                return Err(bad);
+            }
+        }
+        for &addr in &shard.slow_only {
+            if !state.live.contains_key(&addr) {
+                return Err(InvariantViolation::BlockRecord {
+                    at: DevAddr::new(addr),
+                });
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,260 @@
+//! The per-stream front cache (`ExpandableConfig::front_cache`, Note [Front cache] in
+//! `src/expandable/front.rs`): what a user reads is the same as without it (every block counter
+//! and its peak, after every call), stashed memory serves another stream under pressure, blocks
+//! used by other streams still wait for their events, and a double free is still told.
+
+use proptest::prelude::*;
+use vmm_alloc::backend::{SimBackend, SimConfig};
+use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::stats::MemoryStats;
+use vmm_alloc::testkit::EmulatedBackend;
+use vmm_alloc::{AllocError, Allocation, Allocator, ExpandableAllocator, StreamId};
+
+const MB: usize = 1 << 20;
+const S1: StreamId = StreamId::sim(1);
+const S2: StreamId = StreamId::sim(2);
+
+fn sim(capacity: usize) -> SimBackend {
+    SimBackend::with_config(SimConfig {
+        capacity,
+        ..SimConfig::default()
+    })
+    .unwrap()
+}
+
+fn front(on: bool) -> ExpandableConfig {
+    ExpandableConfig {
+        front_cache: on,
+        ..ExpandableConfig::default()
+    }
+}
+
+/// The counters a user reads that depend only on the calls, not on where blocks are placed.
+fn counters(s: &MemoryStats) -> impl PartialEq + std::fmt::Debug {
+    (
+        s.allocation,
+        s.allocated_bytes,
+        s.active,
+        s.active_bytes,
+        s.requested_bytes,
+        s.num_ooms,
+    )
+}
+
+#[test]
+fn a_parked_block_is_taken_back_by_the_same_request_and_the_totals_count_both_calls() {
+    let alloc = ExpandableAllocator::new(sim(1 << 30), front(true)).unwrap();
+    let a = alloc.allocate(5000, S1).unwrap();
+    let b = alloc.allocate(3 * MB, S1).unwrap();
+    let pa = a.ptr();
+    alloc.deallocate(a).unwrap();
+    let again = alloc.allocate(5000, S1).unwrap();
+    assert_eq!(again.ptr(), pa, "the stashed block serves the same request");
+    let s = alloc.stats();
+    assert_eq!(s.allocation.all.current, 2);
+    assert_eq!((s.allocation.all.allocated, s.allocation.all.freed), (3, 1));
+    assert_eq!(s.allocation.small_pool.allocated, 2);
+    assert_eq!(s.allocated_bytes.all.peak, (5120 + 3 * MB) as u64);
+    assert_eq!(s.requested_bytes.all.allocated, (2 * 5000 + 3 * MB) as u64);
+    alloc.check_invariants().unwrap();
+    alloc.deallocate(again).unwrap();
+    alloc.deallocate(b).unwrap();
+    // Stashed, but stats() reads them freed, and empty_cache gives their pages back.
+    let s = alloc.stats();
+    assert_eq!(
+        (s.allocated_bytes.all.current, s.active.all.current),
+        (0, 0)
+    );
+    alloc.empty_cache().unwrap();
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn memory_parked_on_one_stream_serves_another_that_runs_out() {
+    let alloc = ExpandableAllocator::new(sim(64 * MB), front(true)).unwrap();
+    let blocks: Vec<Allocation> = (0..3)
+        .map(|_| alloc.allocate(20 * MB, S1).unwrap())
+        .collect();
+    for b in blocks {
+        alloc.deallocate(b).unwrap();
+    }
+    alloc.check_invariants().unwrap();
+    // 60 MiB mapped for stream 1, all of it stashed: stream 2's 50 MiB needs it back.
+    let big = alloc.allocate(50 * MB, S2).unwrap();
+    let s = alloc.stats();
+    assert_eq!(s.allocated_bytes.all.current, 50 * MB as u64);
+    assert!(s.reserved_bytes.all.current <= 64 * MB as u64);
+    alloc.check_invariants().unwrap();
+    alloc.deallocate(big).unwrap();
+}
+
+#[test]
+fn a_block_used_by_another_stream_still_waits_for_its_event() {
+    let backend = sim(1 << 30);
+    let alloc = ExpandableAllocator::new(backend.clone(), front(true)).unwrap();
+    let side = StreamId::sim(7);
+    backend.hold_stream(side);
+    let a = alloc.allocate(MB, S1).unwrap();
+    let p = a.ptr();
+    alloc.record_stream(p, side).unwrap();
+    alloc.deallocate(a).unwrap();
+    let b = alloc.allocate(MB, S1).unwrap();
+    assert_ne!(
+        b.ptr(),
+        p,
+        "memory the side stream still uses is not reused"
+    );
+    assert_eq!(
+        alloc.stats().active.all.current,
+        2,
+        "the block stays active"
+    );
+    alloc.check_invariants().unwrap();
+    backend.release_stream(side);
+    alloc.deallocate(b).unwrap();
+    let c = alloc.allocate(MB, S1).unwrap();
+    alloc.deallocate(c).unwrap();
+    let s = alloc.stats();
+    assert_eq!((s.active.all.current, s.allocation.all.current), (0, 0));
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn a_parked_block_freed_again_by_address_is_a_double_free() {
+    let alloc = ExpandableAllocator::new(sim(1 << 30), front(true)).unwrap();
+    let a = alloc.allocate(4096, S1).unwrap();
+    let p = a.ptr();
+    alloc.deallocate(a).unwrap();
+    assert!(matches!(
+        alloc.deallocate_ptr(p),
+        Err(AllocError::DoubleFree(_))
+    ));
+    assert!(alloc.record_stream(p, S2).is_err());
+    alloc.check_invariants().unwrap();
+}
+
+/// A block borrowed from the large pool (Note [Borrowing]) counts in the large pool: its free
+/// goes through the core, never stashed, so freeing it and asking again counts as without the
+/// front cache (a stashed pair would count in the small pool). The setup of
+/// `a_small_request_under_pressure_borrows_a_free_range_of_the_large_pool`: 24 MiB device, a
+/// full small page, 14 MiB free beside a live block in a large page.
+#[test]
+fn a_borrowed_block_is_never_parked() {
+    let run = |on: bool| {
+        let a = ExpandableAllocator::new(sim(24 * MB), front(on)).unwrap();
+        let mut live: Vec<_> = (0..2).map(|_| a.allocate(MB, S1).unwrap()).collect();
+        let big = a.allocate(12 * MB, S1).unwrap();
+        live.push(a.allocate(6 * MB, S1).unwrap());
+        a.deallocate(big).unwrap();
+        let borrowed = a.allocate(MB, S1).unwrap();
+        a.deallocate(borrowed).unwrap();
+        let again = a.allocate(MB, S1).unwrap();
+        a.check_invariants().unwrap();
+        let s = a.stats();
+        assert_eq!(s.allocated_bytes.large_pool.current, 7 * MB as u64, "{s:?}");
+        a.deallocate(again).unwrap();
+        for b in live {
+            a.deallocate(b).unwrap();
+        }
+        a.check_invariants().unwrap();
+        a.stats()
+    };
+    assert_eq!(counters(&run(true)), counters(&run(false)));
+}
+
+/// One call of the comparison: allocate `SIZES[size]` on stream `stream`, free the `i`-th live
+/// block (typed or by address), record a use by stream 2, read statistics, empty the cache.
+#[derive(Clone, Debug)]
+enum Op {
+    Alloc { size: usize, stream: u64 },
+    Free { i: usize, by_ptr: bool },
+    Record { i: usize },
+    EmptyCache,
+    ResetPeaks,
+    Stats,
+}
+
+const SIZES: [usize; 5] = [512, 65536, MB, 3 * MB, 25 * MB + 512];
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (0..SIZES.len(), 1..3u64).prop_map(|(size, stream)| Op::Alloc { size, stream }),
+        6 => (any::<usize>(), any::<bool>()).prop_map(|(i, by_ptr)| Op::Free { i, by_ptr }),
+        1 => any::<usize>().prop_map(|i| Op::Record { i }),
+        1 => Just(Op::EmptyCache),
+        1 => Just(Op::ResetPeaks),
+        2 => Just(Op::Stats),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The same calls with the front cache on and off: whenever statistics are read (reading
+    /// them gives the stashed blocks back, so they are read at random points, not after every
+    /// call, where no block would stay stashed long enough to be taken back) the block counters
+    /// (current, peak and totals of allocations, bytes, active blocks, requested bytes) and the
+    /// out-of-memory count agree, and both allocators' invariants hold (blocks used by another
+    /// stream become inactive at the same calls: while any waits, allocations take the slow
+    /// path, which looks at events as the core always does).
+    #[test]
+    fn front_cache_counts_match_the_core(ops in proptest::collection::vec(op(), 1..120)) {
+        let off = ExpandableAllocator::new(sim(4 << 30), front(false)).unwrap();
+        let on = ExpandableAllocator::new(sim(4 << 30), front(true)).unwrap();
+        let mut live: Vec<(Allocation, Allocation)> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Alloc { size, stream } => {
+                    let s = StreamId::sim(stream);
+                    match (off.allocate(SIZES[size], s), on.allocate(SIZES[size], s)) {
+                        (Ok(a), Ok(b)) => live.push((a, b)),
+                        (Err(_), Err(_)) => {}
+                        (a, b) => {
+                            let (a, b) = (a.map(|a| a.into_ptr()), b.map(|b| b.into_ptr()));
+                            prop_assert!(false, "one failed where the other did not: {a:?} {b:?}");
+                        }
+                    }
+                }
+                Op::Free { i, by_ptr } if !live.is_empty() => {
+                    let (a, b) = live.swap_remove(i % live.len());
+                    if by_ptr {
+                        off.deallocate_ptr(a.into_ptr()).unwrap();
+                        on.deallocate_ptr(b.into_ptr()).unwrap();
+                    } else {
+                        off.deallocate(a).unwrap();
+                        on.deallocate(b).unwrap();
+                    }
+                }
+                Op::Record { i } if !live.is_empty() => {
+                    let (a, b) = &live[i % live.len()];
+                    off.record_stream(a.ptr(), S2).unwrap();
+                    on.record_stream(b.ptr(), S2).unwrap();
+                }
+                Op::EmptyCache => {
+                    off.empty_cache().unwrap();
+                    on.empty_cache().unwrap();
+                }
+                Op::ResetPeaks => {
+                    off.reset_peak_stats();
+                    on.reset_peak_stats();
+                }
+                Op::Stats => {
+                    prop_assert_eq!(counters(&off.stats()), counters(&on.stats()));
+                }
+                _ => {}
+            }
+            on.check_invariants().unwrap();
+            off.check_invariants().unwrap();
+        }
+        for (a, b) in live {
+            off.deallocate(a).unwrap();
+            on.deallocate(b).unwrap();
+        }
+        let sn = on.stats();
+        prop_assert_eq!(counters(&off.stats()), counters(&sn));
+        prop_assert_eq!(sn.allocated_bytes.all.current, 0);
+        on.empty_cache().unwrap();
+        on.check_invariants().unwrap();
+    }
+}
