@@ -170,7 +170,7 @@ impl<B: Backend> State<B> {
     /// average 613 chunks, 14 of them free, and 338 pieces, 81 of them free and a granule or
     /// longer; examining every chunk for each pressured growth's harvest list and each
     /// release-index update was a third of the run's time.
-    pub(crate) fn free_chunks_downward<'a>(
+    fn free_chunks_downward<'a>(
         &'a self,
         seg: &'a Segment,
     ) -> impl Iterator<Item = FreeChunk> + 'a {

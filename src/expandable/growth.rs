@@ -332,7 +332,8 @@ impl<B: Backend> State<B> {
     ///
     /// Note [Harvest list]: the fully-free chunks are listed once per growth, on its first
     /// harvest, not once per page harvested (listing sorts every segment's free ranges, which
-    /// made a full device's churn many times slower than classic's). The list stays exact for
+    /// made a full device's churn many times slower than classic's); the chunks of the free
+    /// pieces unchanged since the last listing come from the chunk cache (Note [Chunk cache]). The list stays exact for
     /// the growth's length: harvesting only takes chunks away, and nothing else changes free
     /// ranges until the growth ends. Unmapping a chunk splits its free piece, whose index stays
     /// with the part after the chunk (Note [Pieces]); the chunks listed before it in the same
@@ -418,18 +419,21 @@ impl<B: Backend> State<B> {
         let (ex_seg, ex_from, ex_to) = exclude;
         let mut out = Vec::new();
         let mut visited = 0;
-        // Lists the free chunks of `key` (highest first, then turned round); whether it has one,
-        // excluded or not.
-        let list = |state: &Self, key: SegmentKey, out: &mut Vec<(SegmentKey, FreeChunk)>| {
+        // Lists the free chunks of `key` (Note [Chunk cache]) but those in `exclude`; whether it
+        // has one, excluded or not.
+        let list = |state: &mut Self, key: SegmentKey, out: &mut Vec<(SegmentKey, FreeChunk)>| {
             let from = out.len();
-            let mut found = false;
-            for c in state.free_chunks_downward(&state.segments[&key]) {
-                found = true;
-                let (at, len) = (c.at, c.chunk.len);
-                if key == ex_seg && at < ex_to && at + len as u64 > ex_from {
-                    continue;
+            let found = state.free_chunks_cached(key, out) > 0;
+            if key == ex_seg {
+                let mut kept = from;
+                for i in from..out.len() {
+                    let c = out[i].1;
+                    if c.at >= ex_to || c.at + c.chunk.len as u64 <= ex_from {
+                        out[kept] = out[i];
+                        kept += 1;
+                    }
                 }
-                out.push((key, c));
+                out.truncate(kept);
             }
             out[from..].reverse();
             found

@@ -382,3 +382,32 @@ fn a_pressured_growth_walks_each_segment_once() {
         alloc.check_invariants().unwrap();
     }
 }
+
+/// Note [Chunk cache]: a pressured growth searches the chunk map only inside the free pieces
+/// that changed since the last growth's listing. One segment of `n` pages on a device of `n`
+/// pages, four single pages freed apart from each other, then two 2-page requests: neither fits
+/// a free range, so each grows under pressure and remaps two free pages. The first searches
+/// inside all four free pieces (two chunks examined each: its own and the one below that ends
+/// the search); the second finds the two it did not take unchanged, and searches nothing.
+#[test]
+fn a_second_pressured_growth_searches_only_the_changed_free_pieces() {
+    let n = 64;
+    let s = sim(n * PAGE);
+    let alloc = ExpandableAllocator::new(s, ExpandableConfig::default()).unwrap();
+    let mut live: Vec<_> = (0..n)
+        .map(|_| alloc.allocate(PAGE, StreamId::DEFAULT).unwrap())
+        .collect();
+    for i in [40, 30, 20, 10] {
+        alloc.deallocate(live.remove(i)).unwrap();
+    }
+    let mut steps = Vec::new();
+    for round in 1..=2 {
+        let before = alloc.chunk_walk_steps();
+        live.push(alloc.allocate(2 * PAGE, StreamId::DEFAULT).unwrap());
+        steps.push(alloc.chunk_walk_steps() - before);
+        let remapped = alloc.stats().remapped_bytes;
+        assert_eq!(remapped, (round * 2 * PAGE) as u64, "round {round}");
+        alloc.check_invariants().unwrap();
+    }
+    assert_eq!(steps, [8, 0], "chunks examined by the two growths");
+}
