@@ -179,9 +179,17 @@ impl<B: Backend> State<B> {
         let all = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
         for &(_, key) in self.segments_by_slot.range(all) {
             let seg = &self.segments[&key];
+            // The last gap starting at or before the hole (`gap_before`), found by walking the
+            // gap map beside the holes: one search per hole was 7 % of the churn bench's
+            // full-device time.
+            let mut gaps = seg.gaps.iter().peekable();
+            let mut last_gap = None;
             for (h_start, h_end) in seg.holes() {
+                while let Some((_, &id)) = gaps.next_if(|(&s, _)| s <= h_start) {
+                    last_gap = Some(id);
+                }
                 // The hole lies in one gap piece (gaps are merged), whose neighbours may be free.
-                let Some(gap) = seg.gap_before(h_start) else {
+                let Some(gap) = last_gap else {
                     continue;
                 };
                 let gap = *self.pieces.get(gap);
