@@ -180,7 +180,7 @@ impl<B: Backend> State<B> {
         for &(_, key) in self.segments_by_slot.range(all) {
             let seg = &self.segments[&key];
             // The last gap starting at or before the hole (`gap_before`), found by walking the
-            // gap map beside the holes: one search per hole was 7 % of the churn bench's
+            // gap map beside the holes: one search per hole was 4 % of the churn bench's
             // full-device time.
             let mut gaps = seg.gaps.iter().peekable();
             let mut last_gap = None;
