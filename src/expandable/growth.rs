@@ -448,16 +448,11 @@ impl<B: Backend> State<B> {
         };
         let touched = self.releasable.take_touched();
         for &slot in &touched {
-            let range = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
-            let keys: Vec<SegmentKey> = self
-                .segments_by_slot
-                .range(range)
-                .map(|&(_, k)| k)
-                .collect();
-            for key in keys {
+            for key in self.segments_of_slot(slot) {
                 visited += 1;
                 let found = list(self, key, &mut out);
                 let s = &self.segments[&key];
+                // `has_releasable`, with the walk for a free chunk just done.
                 let has = found || !s.stuck.is_empty() || s.chunks.is_empty();
                 self.releasable.set(key, has);
             }

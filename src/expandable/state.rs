@@ -135,6 +135,15 @@ impl<B: Backend> State<B> {
         })
     }
 
+    /// The segments of index slot `slot`, in address order.
+    pub(crate) fn segments_of_slot(&self, slot: u32) -> Vec<SegmentKey> {
+        let range = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
+        self.segments_by_slot
+            .range(range)
+            .map(|&(_, k)| k)
+            .collect()
+    }
+
     pub(crate) fn segment_of(&self, addr: u64) -> Option<SegmentKey> {
         self.segments
             .range(..=SegmentKey::search(addr))
