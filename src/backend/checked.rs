@@ -215,7 +215,7 @@ impl<R: RawDevice> Backend for Checked<R> {
         self.call(CallKind::Unmap, len, |s| {
             let starts = s.ledger.check_unmap(at, len)?;
             s.raw.unmap(at.get(), len)?;
-            for (raw, len) in s.ledger.apply_unmap(&starts) {
+            for (raw, len) in s.ledger.apply_unmap(starts) {
                 s.raw.memory_gone(raw, len);
             }
             Ok(())
@@ -226,7 +226,7 @@ impl<R: RawDevice> Backend for Checked<R> {
         self.call(CallKind::SetAccess, len, |s| {
             let starts = s.ledger.check_set_access(at, len, access)?;
             s.raw.set_access(at.get(), len, access)?;
-            s.ledger.apply_set_access(&starts, access);
+            s.ledger.apply_set_access(starts, access);
             Ok(())
         })
     }

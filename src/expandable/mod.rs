@@ -14,6 +14,7 @@
 
 mod allocate;
 mod check;
+mod chunk_cache;
 mod free;
 mod free_ranges;
 mod front;

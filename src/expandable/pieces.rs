@@ -29,9 +29,9 @@ impl PieceId {
     /// length and start (two ranges never share a start, so the id never decides: `FreeRange`).
     pub(crate) const LEAST: PieceId = PieceId(0);
 
-    /// The node's position in the arena.
+    /// The node's position in the arena (side tables indexed like it: the chunk cache).
     #[inline]
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self.0 as usize
     }
 }
@@ -54,6 +54,10 @@ pub(crate) struct Piece {
     pub(crate) prev: PieceId,
     pub(crate) next: PieceId,
     pub(crate) kind: Kind,
+    /// The arena's clock (its low bits) when this piece last changed: made, split, merged or
+    /// given another kind. Equal stamps mean the same piece, unchanged (Note [Chunk cache] in
+    /// `chunk_cache.rs`). In the struct's padding: a piece stays 32 bytes.
+    pub(crate) stamp: u32,
 }
 
 impl Piece {
@@ -68,6 +72,8 @@ pub(crate) struct Pieces {
     nodes: Vec<Piece>,
     /// Indexes of released nodes, reused first.
     vacant: Vec<PieceId>,
+    /// Changes of pieces so far: each change stamps the piece with the next value.
+    clock: u64,
 }
 
 impl Pieces {
@@ -81,10 +87,26 @@ impl Pieces {
     }
 
     pub(crate) fn set_kind(&mut self, id: PieceId, kind: Kind) {
-        self.nodes[id.index()].kind = kind;
+        let stamp = self.tick();
+        let node = &mut self.nodes[id.index()];
+        node.kind = kind;
+        node.stamp = stamp;
     }
 
-    fn alloc(&mut self, piece: Piece) -> PieceId {
+    /// Advances the clock; returns the stamp for the piece that changes.
+    #[inline]
+    fn tick(&mut self) -> u32 {
+        self.clock += 1;
+        self.clock as u32
+    }
+
+    /// Changes of pieces so far (Note [Chunk cache]).
+    pub(crate) fn clock(&self) -> u64 {
+        self.clock
+    }
+
+    fn alloc(&mut self, mut piece: Piece) -> PieceId {
+        piece.stamp = self.tick();
         match self.vacant.pop() {
             Some(id) => {
                 self.nodes[id.index()] = piece;
@@ -106,6 +128,7 @@ impl Pieces {
             prev: NIL,
             next: NIL,
             kind: Kind::Gap,
+            stamp: 0,
         })
     }
 
@@ -120,11 +143,14 @@ impl Pieces {
             prev: p.prev,
             next: id,
             kind: p.kind,
+            stamp: 0,
         });
         if p.prev != NIL {
             self.nodes[p.prev.index()].next = front;
         }
+        let stamp = self.tick();
         let back = &mut self.nodes[id.index()];
+        back.stamp = stamp;
         back.prev = front;
         back.start = at;
         back.len = (p.end() - at) as usize;
@@ -137,7 +163,9 @@ impl Pieces {
         let p = self.nodes[id.index()];
         let next = p.next;
         debug_assert!(next != NIL, "merging the last piece forward");
+        let stamp = self.tick();
         let n = &mut self.nodes[next.index()];
+        n.stamp = stamp;
         n.start = p.start;
         n.len += p.len;
         n.prev = p.prev;

@@ -61,12 +61,7 @@ impl<B: Backend> State<B> {
     /// index holds exactly the segments with something to give back (Note [Release index]).
     pub(crate) fn update_release_index(&mut self) {
         for slot in self.releasable.take_touched() {
-            let range = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
-            let keys: Vec<SegmentKey> = self
-                .segments_by_slot
-                .range(range)
-                .map(|&(_, k)| k)
-                .collect();
+            let keys = self.segments_of_slot(slot);
             self.releasable.visits += keys.len() as u64;
             for seg in keys {
                 let has = self.has_releasable(&self.segments[&seg]);

@@ -14,6 +14,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::backend::{Access, Backend, CallKind, EventId, PhysHandle, StreamId};
 use crate::config::{ConfigError, ExpandableConfig};
 use crate::error::AllocError;
+use crate::expandable::chunk_cache::ChunkCache;
 use crate::expandable::handle_cache::HandleCache;
 use crate::expandable::pieces::{PieceId, Pieces};
 use crate::expandable::recent_frees::RecentFrees;
@@ -69,6 +70,8 @@ pub(crate) struct State<B: Backend> {
     /// Chunks the free-chunk walks have examined so far (Note [Free chunk walk] in
     /// `free_ranges.rs`; a test kit counter). A `Cell`: the walks only read the state.
     pub(crate) chunk_walk_steps: std::cell::Cell<u64>,
+    /// The fully-free chunks of free pieces, kept between pressured growths (Note [Chunk cache]).
+    pub(crate) chunk_cache: ChunkCache,
     pub(crate) live: FxHashMap<u64, Block>,
     pub(crate) pending: Vec<Pending>,
     pub(crate) cache: HandleCache,
@@ -123,6 +126,7 @@ impl<B: Backend> State<B> {
             pieces: Pieces::default(),
             releasable: ReleaseIndex::default(),
             chunk_walk_steps: std::cell::Cell::new(0),
+            chunk_cache: ChunkCache::default(),
             live: FxHashMap::default(),
             pending: Vec::new(),
             cache: HandleCache::default(),
@@ -133,6 +137,15 @@ impl<B: Backend> State<B> {
             deferred: Deferred::default(),
             owner: crate::allocator::AllocatorId::fresh(),
         })
+    }
+
+    /// The segments of index slot `slot`, in address order.
+    pub(crate) fn segments_of_slot(&self, slot: u32) -> Vec<SegmentKey> {
+        let range = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
+        self.segments_by_slot
+            .range(range)
+            .map(|&(_, k)| k)
+            .collect()
     }
 
     pub(crate) fn segment_of(&self, addr: u64) -> Option<SegmentKey> {

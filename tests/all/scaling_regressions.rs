@@ -265,11 +265,12 @@ fn expandable_release_steps_on_a_full_device(n: u64) -> u64 {
 fn a_failing_allocation_on_a_full_device_visits_no_unreleasable_segment_expandable() {
     let steps = [1 << 10, 1 << 14].map(expandable_release_steps_on_a_full_device);
     // Each failure grows twice (before and after its last-resort release); each growth reserves
-    // a new, empty segment for the new stream, examined and walked by its harvest before the
-    // rollback frees it: 4 visits per failure, none of them one of the `n` full segments.
+    // a new, empty segment for the new stream, examined for the release index and listed by its
+    // harvest in one walk (Note [Harvest list]) before the rollback frees it: 2 visits per
+    // failure, none of them one of the `n` full segments.
     assert_eq!(
         steps,
-        [12, 12],
+        [6, 6],
         "1k and 16k streams: the visits of three failures"
     );
 }
@@ -360,4 +361,53 @@ fn free_chunk_walks_skip_the_chunks_under_live_blocks() {
     assert_eq!(steps[0], steps[1], "chunk walk steps at n = 64, 1024");
     let (grow, release) = steps[1];
     assert!(grow <= 8 && release <= 8, "{steps:?}");
+}
+
+/// Note [Harvest list]: a pressured growth's first harvest brings the release index up to date
+/// and lists the remap candidates in one walk of each segment. The index's own update walked a
+/// touched segment to its first free chunk, then the list walked it again (a tenth of the churn
+/// bench's time on a full device): one segment, one visit, and each of its two free pages
+/// examined once (its own chunk, and the chunk below that ends the search).
+#[test]
+fn a_pressured_growth_walks_each_segment_once() {
+    for n in [64, 1024] {
+        let (alloc, _live, _s) = one_segment_two_free_pages(n);
+        let before = (alloc.release_walk_steps(), alloc.chunk_walk_steps());
+        let grown = alloc.allocate(2 * PAGE, StreamId::DEFAULT).unwrap();
+        assert_eq!(alloc.stats().remapped_bytes, 2 * PAGE as u64, "n = {n}");
+        let visits = alloc.release_walk_steps() - before.0;
+        let chunk_steps = alloc.chunk_walk_steps() - before.1;
+        assert_eq!((visits, chunk_steps), (1, 4), "n = {n}: (segments, chunks)");
+        alloc.deallocate(grown).unwrap();
+        alloc.check_invariants().unwrap();
+    }
+}
+
+/// Note [Chunk cache]: a pressured growth searches the chunk map only inside the free pieces
+/// that changed since the last growth's listing. One segment of `n` pages on a device of `n`
+/// pages, four single pages freed apart from each other, then two 2-page requests: neither fits
+/// a free range, so each grows under pressure and remaps two free pages. The first searches
+/// inside all four free pieces (two chunks examined each: its own and the one below that ends
+/// the search); the second finds the two it did not take unchanged, and searches nothing.
+#[test]
+fn a_second_pressured_growth_searches_only_the_changed_free_pieces() {
+    let n = 64;
+    let s = sim(n * PAGE);
+    let alloc = ExpandableAllocator::new(s, ExpandableConfig::default()).unwrap();
+    let mut live: Vec<_> = (0..n)
+        .map(|_| alloc.allocate(PAGE, StreamId::DEFAULT).unwrap())
+        .collect();
+    for i in [40, 30, 20, 10] {
+        alloc.deallocate(live.remove(i)).unwrap();
+    }
+    let mut steps = Vec::new();
+    for round in 1..=2 {
+        let before = alloc.chunk_walk_steps();
+        live.push(alloc.allocate(2 * PAGE, StreamId::DEFAULT).unwrap());
+        steps.push(alloc.chunk_walk_steps() - before);
+        let remapped = alloc.stats().remapped_bytes;
+        assert_eq!(remapped, (round * 2 * PAGE) as u64, "round {round}");
+        alloc.check_invariants().unwrap();
+    }
+    assert_eq!(steps, [8, 0], "chunks examined by the two growths");
 }

@@ -35,6 +35,7 @@ impl<B: Backend> State<B> {
         }
         self.check_counts(&sums)?;
         self.check_release_index()?;
+        self.check_chunk_cache()?;
         self.check_live_blocks()?;
         self.check_stats(&sums)
     }
