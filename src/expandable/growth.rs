@@ -457,11 +457,11 @@ impl<B: Backend> State<B> {
     }
 
     /// The candidate `harvest_one` takes for a growth on `stream`: the greatest (taken without
-    /// a synchronization, exactly `want` bytes, address); with `quiet_only`, among those taken
-    /// without a synchronization and no larger than `want` (in the headroom, remapping never
-    /// maps a page's unused tail). Taken without a synchronization: on a stream that needs none,
-    /// or parked (Note [Parked pages] in `parked.rs`). Addresses are unique, so the list's order
-    /// never decides.
+    /// a synchronization, exactly `want` bytes, address); with `quiet_only` (in the headroom),
+    /// among those on a stream that needs no synchronization and no larger than `want`
+    /// (remapping there never maps a page's unused tail). Without it, a page that can be parked
+    /// (Note [Parked pages] in `parked.rs`) is taken without a synchronization too. Addresses
+    /// are unique, so the list's order never decides.
     ///
     /// One pass, and a segment's stream looked up once per run of its chunks (the list holds
     /// them together), not twice per chunk: the search over the segments' map per candidate was
@@ -485,7 +485,9 @@ impl<B: Backend> State<B> {
                     (st, q)
                 }
             };
-            let quiet = quiet || self.may_park(seg_stream, stream, c);
+            // Parked only on the way to an out-of-memory, not in the headroom (Note [Parked
+            // pages]).
+            let quiet = quiet || (!quiet_only && self.may_park(seg_stream, stream, c));
             if quiet_only && !(quiet && c.chunk.len <= want) {
                 continue;
             }

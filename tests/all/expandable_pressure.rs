@@ -67,14 +67,12 @@ fn pages_stay_large_without_pressure() {
     a.deallocate(b).unwrap();
 }
 
-/// In the headroom, free pages of the growing stream are remapped first, with no
-/// synchronization (Note [Parked pages]): the 30 MiB request extends the free 20 MiB page with
-/// five free small pages and holds no more memory. Without parking, those pages would cost a
-/// synchronization PyTorch's policy does not pay there, so they are not taken, and while a whole
-/// page still fits in the device the growth creates a whole page, as PyTorch does: a cut tail
-/// would save nothing here and cost the next request a growth. Only where the page would not fit
-/// is the last handle cut to what the request needs (10 MiB on a device with 10 MiB left, where
-/// PyTorch fails).
+/// In the headroom, free pages freed since their stream's last synchronization are not remapped
+/// (that would cost a synchronization PyTorch's policy does not pay there, and they are not
+/// parked there either: Note [Parked pages]), and while a whole page still fits in the device
+/// the growth creates a whole page, as PyTorch does: a cut tail would save nothing here and
+/// cost the next request a growth. Only where the page would not fit is the last handle cut to
+/// what the request needs (10 MiB on a device with 10 MiB left, where PyTorch fails).
 #[test]
 fn in_the_headroom_pages_stay_whole_until_the_device_end() {
     use vmm_alloc::backend::CallKind;
@@ -109,16 +107,11 @@ fn in_the_headroom_pages_stay_whole_until_the_device_end() {
     };
     // 42 MiB held (11 small pages, one large page), 20 MiB of it free in the large segment.
     let page = 20 * MB as i64;
-    assert_eq!(run(config.clone(), 128 * MB), Some((0, 0)));
-    let config = ExpandableConfig {
-        park_remaps: false,
-        ..config
-    };
     assert_eq!(run(config.clone(), 128 * MB), Some((page, 0)));
     let pytorch = ExpandableConfig::pytorch_expandable;
     assert_eq!(run(pytorch(), 128 * MB), Some((page, 0)));
-    // 52 MiB device: 10 MiB left, a whole page does not fit. Ours (without parking) cuts the
-    // tail; PyTorch synchronizes, gives back the ten free small pages and creates a whole page.
+    // 52 MiB device: 10 MiB left, a whole page does not fit. Ours cuts the tail; PyTorch
+    // synchronizes, gives back the ten free small pages and creates a whole page.
     let headroom = ExpandableConfig {
         headroom_bytes: 16 * MB,
         ..config
