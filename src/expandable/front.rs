@@ -56,8 +56,9 @@
 use rustc_hash::FxHashSet;
 
 use crate::backend::{Backend, StreamId};
-use crate::config::{ExpandableConfig, ROUNDUP_INTERVALS, SMALL_SIZE};
+use crate::config::{ExpandableConfig, ROUNDUP_INTERVALS};
 use crate::expandable::state::State;
+use crate::mechanism::request::pool_of;
 use crate::mechanism::violation::InvariantViolation;
 use crate::stats::{MemoryStats, PoolKind, StatArray};
 use crate::sync::{Mutex, MutexGuard};
@@ -115,15 +116,6 @@ pub(crate) struct FrontCache {
 
 /// Every shard, locked in index order by the slow path.
 pub(crate) type AllShards<'a> = Vec<MutexGuard<'a, Shard>>;
-
-/// The pool of a rounded size (as `Request::new` chooses it).
-fn pool_of(rounded: usize) -> PoolKind {
-    if rounded <= SMALL_SIZE {
-        PoolKind::Small
-    } else {
-        PoolKind::Large
-    }
-}
 
 fn pool_slot(pool: PoolKind) -> usize {
     match pool {

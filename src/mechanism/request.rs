@@ -29,16 +29,21 @@ impl Request {
             return Err(AllocError::TooLarge { size });
         }
         let rounded = round_size(size, divisions).ok_or(AllocError::TooLarge { size })?;
-        let pool = if rounded <= SMALL_SIZE {
-            PoolKind::Small
-        } else {
-            PoolKind::Large
-        };
         Ok(Self {
             size,
             rounded,
-            pool,
+            pool: pool_of(rounded),
         })
+    }
+}
+
+/// The pool of a request rounded to `rounded` bytes: small up to `SMALL_SIZE` (1 MiB).
+#[inline]
+pub(crate) fn pool_of(rounded: usize) -> PoolKind {
+    if rounded <= SMALL_SIZE {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
     }
 }
 
