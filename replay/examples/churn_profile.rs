@@ -4,10 +4,12 @@
 //! free).
 //!
 //! ```sh
-//! cargo run --release -p vmm-replay --example churn_profile -- [expandable|classic|pytorch-expandable] [max MiB] [ops] [reps]
+//! cargo run --release -p vmm-replay --example churn_profile -- [expandable|classic|pytorch-expandable] [max MiB] [ops] [reps] [settings]
 //! ```
 //!
-//! `reps` replays the same trace again on a fresh allocator each time (default 5).
+//! `reps` replays the same trace again on a fresh allocator each time (default 5); `settings`,
+//! for the two expandable policies, are `vmm-replay --conf expandable=...`'s (e.g.
+//! `best_fit_growth:false`).
 
 use std::time::{Duration, Instant};
 
@@ -103,11 +105,13 @@ fn main() {
                 run(&trace, &alloc, &mut splits);
             }
             other => {
-                let config = if other == "pytorch-expandable" {
+                let base = if other == "pytorch-expandable" {
                     ExpandableConfig::pytorch_expandable()
                 } else {
                     ExpandableConfig::default()
                 };
+                let settings = args.get(4).map_or("", String::as_str);
+                let config = base.with_settings(settings).expect("settings");
                 let alloc = ExpandableAllocator::new(sim, config).expect("expandable");
                 run(&trace, &alloc, &mut splits);
                 if reps == 1 {

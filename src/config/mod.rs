@@ -114,6 +114,13 @@ pub struct ExpandableConfig {
     /// block a request gets, and so how memory fragments, can differ. Default off (the measured
     /// policy); PyTorch: off.
     pub front_cache: bool,
+    /// Where a growth goes when several places can hold it once their hole is mapped: the one
+    /// whose span (free bytes before the hole, the hole, free bytes after it) is smallest, as
+    /// best fit chooses among free blocks, keeping large spans whole for large requests (Note
+    /// \[Growth\] in `expandable/growth.rs`). Off: the lowest address, as PyTorch ("the lowest
+    /// address at which we can fit"). The places differ only where a segment has holes inside
+    /// it (pages released or remapped under pressure, or by `empty_cache`). Default on.
+    pub best_fit_growth: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -139,6 +146,7 @@ impl Default for ExpandableConfig {
             borrow_across_pools: true,
             park_remaps: true,
             front_cache: false,
+            best_fit_growth: true,
         }
     }
 }
@@ -163,6 +171,7 @@ impl ExpandableConfig {
             remap_before_create: false,
             borrow_across_pools: false,
             park_remaps: false,
+            best_fit_growth: false,
             ..Self::default()
         }
     }

@@ -9,7 +9,7 @@ use super::ExpandableConfig;
 const MB: f64 = (1u64 << 20) as f64;
 
 /// Our keys, each with what it sets (for the error that lists them).
-pub const OWN_KEYS: [(&str, &str); 14] = [
+pub const OWN_KEYS: [(&str, &str); 15] = [
     (
         "headroom_fraction",
         "ExpandableConfig::headroom_fraction, in [0, 1]",
@@ -42,6 +42,10 @@ pub const OWN_KEYS: [(&str, &str); 14] = [
     ("large_page_mb", "ExpandableConfig::large_page, in MiB"),
     ("park_remaps", "ExpandableConfig::park_remaps, true/false"),
     ("front_cache", "ExpandableConfig::front_cache, true/false"),
+    (
+        "best_fit_growth",
+        "ExpandableConfig::best_fit_growth, true/false",
+    ),
 ];
 
 /// The `key:value` settings of a configuration string, split at the commas outside `[...]`
@@ -164,6 +168,7 @@ impl ExpandableConfig {
                 "large_page_mb" => c.large_page = mebibytes(key, value)?,
                 "park_remaps" => c.park_remaps = flag(key, value)?,
                 "front_cache" => c.front_cache = flag(key, value)?,
+                "best_fit_growth" => c.best_fit_growth = flag(key, value)?,
                 _ => unreachable!("every key of OWN_KEYS is matched above"),
             }
         }
@@ -181,7 +186,8 @@ mod tests {
         let all = "headroom_fraction:0.03,headroom_mb:256,handle_cache:false,\
                    handle_cache_limit_mb:64,remap_defrag:false,remap_before_create:true,\
                    sync_only_after_frees:false,pressure_tail:false,borrow_across_pools:false,\
-                   va_factor:2,small_page_mb:4,large_page_mb:8,park_remaps:false,front_cache:true";
+                   va_factor:2,small_page_mb:4,large_page_mb:8,park_remaps:false,front_cache:true,\
+                   best_fit_growth:false";
         let c = ExpandableConfig::default().with_settings(all).unwrap();
         let expected = ExpandableConfig {
             headroom_fraction: 0.03,
@@ -198,6 +204,7 @@ mod tests {
             large_page: 8 << 20,
             park_remaps: false,
             front_cache: true,
+            best_fit_growth: false,
             ..ExpandableConfig::default()
         };
         assert_eq!(c, expected);

@@ -1,9 +1,18 @@
 //! Growing a segment: find where, get physical memory, map it, set access once, or roll back.
 //!
-//! Note [Growth]: new memory goes at the lowest address where the request fits, counting a free
-//! range that ends where an unmapped hole begins (PyTorch maps "at the lowest address at which we
-//! can fit"). Physical memory for each chunk comes, in order, from the handle cache, from
-//! `create`, and, when the device is full, from remap-defrag (Note [Remap]). All chunks of one
+//! Note [Growth]: new memory goes where the request fits once a hole is mapped, counting the free
+//! ranges that end where the hole begins and begin where it ends: of those places, the one whose
+//! span (free before, hole, free after) is smallest, the lowest address among equals
+//! (`best_fit_growth`), as best fit chooses among free blocks. PyTorch maps "at the lowest
+//! address at which we can fit" (`best_fit_growth: false`). The two differ only where a segment
+//! has holes inside it (pages released or remapped under pressure, `empty_cache`); there the
+//! lowest address splits a large hole for a small request, and a later large request must
+//! remap pages to the segment's end. On a full 16 GiB device with random sizes up to 256 MiB
+//! (the churn bench), best fit fails 1,123 requests of 100,000 instead of 1,329 and makes 3,388
+//! synchronizations instead of 3,588 (fewer failures on each of seeds 1–5, up to 64 MiB too);
+//! summed over the 23 shared traces, min capacity 290.455 → 290.451 GiB.
+//! Physical memory for each chunk comes, in order, from the handle cache, from `create`, and,
+//! when the device is full, from remap-defrag (Note [Remap]). All chunks of one
 //! growth form one contiguous run, so access is set with one call. If anything fails half-way,
 //! every chunk this growth mapped is unmapped again, handles it created are released, handles it
 //! took from the cache go back, and a segment it reserved is freed: the allocator is exactly as
@@ -214,8 +223,9 @@ impl<B: Backend> State<B> {
         }
     }
 
-    /// The lowest place in an existing segment of (stream, pool) where `rounded` fits once the
-    /// hole there is mapped; with `over_parked`, parked pages count as holes.
+    /// The place in an existing segment of (stream, pool) where `rounded` fits once the hole
+    /// there is mapped: the best fit with `best_fit_growth`, else the lowest (Note [Growth]);
+    /// with `over_parked`, parked pages count as holes.
     fn find_target(
         &self,
         stream: StreamId,
@@ -224,6 +234,9 @@ impl<B: Backend> State<B> {
         over_parked: bool,
     ) -> Option<Target> {
         let slot = self.index.find(StreamPool { stream, pool })?;
+        // The smallest span (free bytes before, hole, free bytes after) that holds the request,
+        // the lowest address among equals (Note [Growth]).
+        let mut best: Option<(u64, Target)> = None;
         let all = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
         for &(_, key) in self.segments_by_slot.range(all) {
             let seg = &self.segments[&key];
@@ -251,19 +264,25 @@ impl<B: Backend> State<B> {
                 let after = free(gap.next).filter(|_| gap.end() == h_end);
                 let start = before.map_or(h_start, |id| self.pieces.get(id).start);
                 let after = after.map_or(0, |id| self.pieces.get(id).len as u64);
-                if h_end - start + after >= rounded as u64 {
-                    return Some(Target {
-                        seg: key,
-                        start,
-                        before,
-                        hole_start: h_start,
-                        hole_end: h_end,
-                        new_segment: false,
-                    });
+                let span = h_end - start + after;
+                if span < rounded as u64 || best.as_ref().is_some_and(|(b, _)| span >= *b) {
+                    continue;
                 }
+                let target = Target {
+                    seg: key,
+                    start,
+                    before,
+                    hole_start: h_start,
+                    hole_end: h_end,
+                    new_segment: false,
+                };
+                if !self.config.best_fit_growth {
+                    return Some(target);
+                }
+                best = Some((span, target));
             }
         }
-        None
+        best.map(|(_, target)| target)
     }
 
     /// Makes the target's hole mappable (Note [Parked pages] in `parked.rs`): parked pages
