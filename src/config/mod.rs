@@ -121,6 +121,13 @@ pub struct ExpandableConfig {
     /// address at which we can fit"). The places differ only where a segment has holes inside
     /// it (pages released or remapped under pressure, or by `empty_cache`). Default on.
     pub best_fit_growth: bool,
+    /// A request of exactly the rounded size of the block freed just before it (no allocation
+    /// in between), on the same stream and pool, gets that block's range back when the free did
+    /// not merge it with free neighbours: among the free ranges best fit could choose (exact
+    /// fits), the latest freed instead of the lowest, so a loop that frees and re-allocates a
+    /// tensor keeps its layout (Note \[Last free\] in `expandable/last_free.rs`). Default on.
+    /// PyTorch: off (lowest address).
+    pub reuse_last_free: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -147,6 +154,7 @@ impl Default for ExpandableConfig {
             park_remaps: true,
             front_cache: false,
             best_fit_growth: true,
+            reuse_last_free: true,
         }
     }
 }
@@ -172,6 +180,7 @@ impl ExpandableConfig {
             borrow_across_pools: false,
             park_remaps: false,
             best_fit_growth: false,
+            reuse_last_free: false,
             ..Self::default()
         }
     }

@@ -9,7 +9,7 @@ use super::ExpandableConfig;
 const MB: f64 = (1u64 << 20) as f64;
 
 /// Our keys, each with what it sets (for the error that lists them).
-pub const OWN_KEYS: [(&str, &str); 15] = [
+pub const OWN_KEYS: [(&str, &str); 16] = [
     (
         "headroom_fraction",
         "ExpandableConfig::headroom_fraction, in [0, 1]",
@@ -45,6 +45,10 @@ pub const OWN_KEYS: [(&str, &str); 15] = [
     (
         "best_fit_growth",
         "ExpandableConfig::best_fit_growth, true/false",
+    ),
+    (
+        "reuse_last_free",
+        "ExpandableConfig::reuse_last_free, true/false",
     ),
 ];
 
@@ -169,6 +173,7 @@ impl ExpandableConfig {
                 "park_remaps" => c.park_remaps = flag(key, value)?,
                 "front_cache" => c.front_cache = flag(key, value)?,
                 "best_fit_growth" => c.best_fit_growth = flag(key, value)?,
+                "reuse_last_free" => c.reuse_last_free = flag(key, value)?,
                 _ => unreachable!("every key of OWN_KEYS is matched above"),
             }
         }
@@ -187,7 +192,7 @@ mod tests {
                    handle_cache_limit_mb:64,remap_defrag:false,remap_before_create:true,\
                    sync_only_after_frees:false,pressure_tail:false,borrow_across_pools:false,\
                    va_factor:2,small_page_mb:4,large_page_mb:8,park_remaps:false,front_cache:true,\
-                   best_fit_growth:false";
+                   best_fit_growth:false,reuse_last_free:false";
         let c = ExpandableConfig::default().with_settings(all).unwrap();
         let expected = ExpandableConfig {
             headroom_fraction: 0.03,
@@ -205,6 +210,7 @@ mod tests {
             park_remaps: false,
             front_cache: true,
             best_fit_growth: false,
+            reuse_last_free: false,
             ..ExpandableConfig::default()
         };
         assert_eq!(c, expected);

@@ -1,4 +1,5 @@
-//! `allocate`: best fit from the free ranges of the request's (stream, pool), else growth, else
+//! `allocate`: the block freed just before if the request is its exact fit (Note [Last free] in
+//! `last_free.rs`), else best fit from the free ranges of the request's (stream, pool), else growth, else
 //! PyTorch's last resort (give every free page back and retry), else the OOM report.
 
 use crate::backend::{Backend, StreamId};
@@ -31,7 +32,14 @@ impl<B: Backend> State<B> {
         // Without sync only queries run, and a failing query just leaves its block pending.
         let _ = self.process_events(false);
         // The pool whose memory holds the block: a borrowed one's is the large pool's.
-        let (slot, free, held_by) = match self.find_free(stream, pool, rounded) {
+        // Note [Last free]: the block freed just before, if this request is its exact fit.
+        let own = self.index.find(StreamPool { stream, pool });
+        let last = self.take_last_free(own, rounded);
+        let fit = match (own, last) {
+            (Some(slot), Some(piece)) => Some((slot, piece)),
+            _ => self.find_free(stream, pool, rounded),
+        };
+        let (slot, free, held_by) = match fit {
             Some((slot, free)) => (slot, free, pool),
             None => match self.borrow_free(stream, pool, rounded) {
                 Some((slot, free)) => (slot, free, PoolKind::Large),

@@ -20,6 +20,7 @@ mod free_ranges;
 mod front;
 mod growth;
 mod handle_cache;
+mod last_free;
 mod parked;
 mod pieces;
 mod recent_frees;

@@ -16,6 +16,7 @@ use crate::config::{ConfigError, ExpandableConfig};
 use crate::error::AllocError;
 use crate::expandable::chunk_cache::ChunkCache;
 use crate::expandable::handle_cache::HandleCache;
+use crate::expandable::last_free::LastFree;
 use crate::expandable::pieces::{PieceId, Pieces};
 use crate::expandable::recent_frees::RecentFrees;
 use crate::expandable::releasable::ReleaseIndex;
@@ -73,6 +74,8 @@ pub(crate) struct State<B: Backend> {
     /// The fully-free chunks of free pieces, kept between pressured growths (Note [Chunk cache]).
     pub(crate) chunk_cache: ChunkCache,
     pub(crate) live: FxHashMap<u64, Block>,
+    /// The latest free, until the next allocation (Note [Last free] in `last_free.rs`).
+    pub(crate) last_free: Option<LastFree>,
     pub(crate) pending: Vec<Pending>,
     pub(crate) cache: HandleCache,
     pub(crate) stats: MemoryStats,
@@ -128,6 +131,7 @@ impl<B: Backend> State<B> {
             chunk_walk_steps: std::cell::Cell::new(0),
             chunk_cache: ChunkCache::default(),
             live: FxHashMap::default(),
+            last_free: None,
             pending: Vec::new(),
             cache: HandleCache::default(),
             stats,

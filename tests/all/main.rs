@@ -9,6 +9,7 @@ mod expandable_regressions;
 mod expandable_rollback;
 mod foreign_frees;
 mod front_cache;
+mod last_free;
 mod model;
 mod parked_pages;
 mod pytorch_parity;

@@ -1,0 +1,103 @@
+//! Note [Last free] (`src/expandable/last_free.rs`): a request of exactly the size of the block
+//! freed just before it gets that block back, among equal exact fits, where best fit alone (and
+//! PyTorch) takes the lowest.
+//!
+//! The scenario: 8 MiB blocks `a`, `b` and `c` with 4 MiB blocks between them, so no free
+//! merges; `a` then `b` freed: two exact fits for an 8 MiB request, `a` the lower, `b` the later.
+
+use vmm_alloc::backend::{SimBackend, SimConfig};
+use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, StreamId};
+
+const MB: usize = 1 << 20;
+const S0: StreamId = StreamId::DEFAULT;
+
+/// The allocator with `a` and `b` freed, their addresses, and the blocks still live.
+fn two_exact_fits(
+    config: ExpandableConfig,
+) -> (ExpandableAllocator<SimBackend>, u64, u64, Vec<Allocation>) {
+    let sim = SimBackend::with_config(SimConfig::default()).unwrap();
+    let alloc = ExpandableAllocator::new(sim, config).unwrap();
+    let mut blocks: Vec<Allocation> = [8, 4, 8, 4, 8, 4]
+        .iter()
+        .map(|&mb| alloc.allocate(mb * MB, S0).unwrap())
+        .collect();
+    let b = blocks.remove(2);
+    let a = blocks.remove(0);
+    let (at_a, at_b) = (a.ptr().get(), b.ptr().get());
+    assert!(at_a < at_b);
+    alloc.deallocate(a).unwrap();
+    alloc.deallocate(b).unwrap();
+    (alloc, at_a, at_b, blocks)
+}
+
+fn give_back(alloc: &ExpandableAllocator<SimBackend>, blocks: Vec<Allocation>) {
+    for b in blocks {
+        alloc.deallocate(b).unwrap();
+    }
+    alloc.check_invariants().unwrap();
+}
+
+#[test]
+fn the_request_right_after_a_free_of_its_size_gets_that_block_back() {
+    let (alloc, _, at_b, mut blocks) = two_exact_fits(ExpandableConfig::default());
+    let again = alloc.allocate(8 * MB, S0).unwrap();
+    assert_eq!(
+        again.ptr().get(),
+        at_b,
+        "the block just freed, not the lowest exact fit"
+    );
+    blocks.push(again);
+    alloc.check_invariants().unwrap();
+    give_back(&alloc, blocks);
+}
+
+#[test]
+fn best_fit_takes_the_lowest_exact_fit_when_off_or_after_another_allocation() {
+    let off = ExpandableConfig {
+        reuse_last_free: false,
+        ..ExpandableConfig::default()
+    };
+    for config in [off, ExpandableConfig::pytorch_expandable()] {
+        let (alloc, at_a, _, mut blocks) = two_exact_fits(config);
+        let again = alloc.allocate(8 * MB, S0).unwrap();
+        assert_eq!(again.ptr().get(), at_a, "the lowest exact fit");
+        blocks.push(again);
+        give_back(&alloc, blocks);
+    }
+    // Any allocation in between (here on another stream) ends the reuse: best fit again.
+    let (alloc, at_a, _, mut blocks) = two_exact_fits(ExpandableConfig::default());
+    blocks.push(alloc.allocate(4 * MB, StreamId::sim(3)).unwrap());
+    let again = alloc.allocate(8 * MB, S0).unwrap();
+    assert_eq!(again.ptr().get(), at_a);
+    blocks.push(again);
+    give_back(&alloc, blocks);
+}
+
+/// A free that merges with a free neighbour is not reused at its own address: taking it there
+/// would split a larger free range that best fit keeps whole.
+#[test]
+fn a_block_merged_by_its_free_is_not_reused_at_its_address() {
+    let sim = SimBackend::with_config(SimConfig::default()).unwrap();
+    let alloc = ExpandableAllocator::new(sim, ExpandableConfig::default()).unwrap();
+    let mut blocks: Vec<Allocation> = [8, 4, 8, 8, 4]
+        .iter()
+        .map(|&mb| alloc.allocate(mb * MB, S0).unwrap())
+        .collect();
+    let d = blocks.remove(3);
+    let c = blocks.remove(2);
+    let a = blocks.remove(0);
+    let (at_a, at_d) = (a.ptr().get(), d.ptr().get());
+    alloc.deallocate(a).unwrap();
+    alloc.deallocate(c).unwrap();
+    alloc.deallocate(d).unwrap(); // merges with c's range: 16 MiB free there
+    let again = alloc.allocate(8 * MB, S0).unwrap();
+    assert_ne!(again.ptr().get(), at_d);
+    assert_eq!(
+        again.ptr().get(),
+        at_a,
+        "the exact fit, leaving 16 MiB whole"
+    );
+    blocks.push(again);
+    give_back(&alloc, blocks);
+}
