@@ -619,7 +619,8 @@ pub fn small_after_large(seed: u64) -> Trace {
 /// starts with five small long-lived tensors. Memory freed on one stream is reusable on another
 /// only after a synchronization (or, in PyTorch's expandable policy, after everything free was
 /// given back), so this is where the policies' pressure paths differ most. Not in [`builtin`]:
-/// `--workload multi-stream` (4 streams), `--workload two-streams`.
+/// `--workload multi-stream` (4 streams), `--workload two-streams`, `--workload ten-streams`
+/// (the many streams of an inference server).
 ///
 /// Seed 1, 4 streams: 22,783 events, peak live 1.45 GiB; 2 streams: 22,512 events, 1.20 GiB.
 pub fn multi_stream(seed: u64, streams: u64) -> Trace {
@@ -687,7 +688,12 @@ pub const NAMES: [&str; 4] = [
 ];
 
 /// Workloads [`by_name`] knows beyond [`NAMES`]: each shows one mechanism of the allocators.
-pub const MECHANISMS: [&str; 3] = ["small-after-large", "multi-stream", "two-streams"];
+pub const MECHANISMS: [&str; 4] = [
+    "small-after-large",
+    "multi-stream",
+    "two-streams",
+    "ten-streams",
+];
 
 /// The workload called `name` (one of [`NAMES`] or [`MECHANISMS`]) with `seed`; `ops` and `max_size` shape
 /// [`rmm_random`] and are ignored by the others. `None` for an unknown name.
@@ -700,6 +706,7 @@ pub fn by_name(name: &str, seed: u64, ops: u64, max_size: u64) -> Option<Trace> 
         "small-after-large" => Some(small_after_large(seed)),
         "multi-stream" => Some(multi_stream(seed, 4)),
         "two-streams" => Some(multi_stream(seed, 2)),
+        "ten-streams" => Some(multi_stream(seed, 10)),
         _ => None,
     }
 }

@@ -20,8 +20,8 @@ pub struct Args {
     pub files: Vec<PathBuf>,
     /// Replay this built-in workload (repeatable): transformer-training, inference-kv-cache,
     /// varying-batch or rmm-random; or a workload that shows one mechanism: small-after-large
-    /// (small requests borrowing the large pool's free ranges under pressure), multi-stream and
-    /// two-streams (4 or 2 streams sharing the device). With no FILES and no --workload, the
+    /// (small requests borrowing the large pool's free ranges under pressure), multi-stream,
+    /// two-streams and ten-streams (4, 2 or 10 streams sharing the device). With no FILES and no --workload, the
     /// first four run.
     #[arg(long, value_name = "NAME")]
     pub workload: Vec<String>,
