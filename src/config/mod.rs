@@ -128,6 +128,12 @@ pub struct ExpandableConfig {
     /// tensor keeps its layout (Note \[Last free\] in `expandable/last_free.rs`). Default on.
     /// PyTorch: off (lowest address).
     pub reuse_last_free: bool,
+    /// Once a remap under memory pressure has synchronized another stream, unmap every
+    /// fully-free page of that stream at once, not only those the growth needs (Note \[Drain
+    /// after sync\] in `expandable/growth.rs`): fewer synchronizations on programs with several
+    /// streams (38 % fewer on the generated several-streams workloads), for 2–3 % more
+    /// capacity there. Default off. PyTorch: off (it gives every free page back at once instead).
+    pub drain_after_sync: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -155,6 +161,7 @@ impl Default for ExpandableConfig {
             front_cache: false,
             best_fit_growth: true,
             reuse_last_free: true,
+            drain_after_sync: false,
         }
     }
 }

@@ -9,7 +9,7 @@ use super::ExpandableConfig;
 const MB: f64 = (1u64 << 20) as f64;
 
 /// Our keys, each with what it sets (for the error that lists them).
-pub const OWN_KEYS: [(&str, &str); 16] = [
+pub const OWN_KEYS: [(&str, &str); 17] = [
     (
         "headroom_fraction",
         "ExpandableConfig::headroom_fraction, in [0, 1]",
@@ -49,6 +49,10 @@ pub const OWN_KEYS: [(&str, &str); 16] = [
     (
         "reuse_last_free",
         "ExpandableConfig::reuse_last_free, true/false",
+    ),
+    (
+        "drain_after_sync",
+        "ExpandableConfig::drain_after_sync, true/false",
     ),
 ];
 
@@ -174,6 +178,7 @@ impl ExpandableConfig {
                 "front_cache" => c.front_cache = flag(key, value)?,
                 "best_fit_growth" => c.best_fit_growth = flag(key, value)?,
                 "reuse_last_free" => c.reuse_last_free = flag(key, value)?,
+                "drain_after_sync" => c.drain_after_sync = flag(key, value)?,
                 _ => unreachable!("every key of OWN_KEYS is matched above"),
             }
         }
@@ -192,7 +197,8 @@ mod tests {
                    handle_cache_limit_mb:64,remap_defrag:false,remap_before_create:true,\
                    sync_only_after_frees:false,pressure_tail:false,borrow_across_pools:false,\
                    va_factor:2,small_page_mb:4,large_page_mb:8,park_remaps:false,front_cache:true,\
-                   best_fit_growth:false,reuse_last_free:false";
+                   best_fit_growth:false,reuse_last_free:false,\
+                   drain_after_sync:true";
         let c = ExpandableConfig::default().with_settings(all).unwrap();
         let expected = ExpandableConfig {
             headroom_fraction: 0.03,
@@ -211,6 +217,7 @@ mod tests {
             front_cache: true,
             best_fit_growth: false,
             reuse_last_free: false,
+            drain_after_sync: true,
             ..ExpandableConfig::default()
         };
         assert_eq!(c, expected);

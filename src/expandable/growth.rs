@@ -41,6 +41,15 @@
 //! chunks of those ranges first (Note [Remap]), paying a stream synchronization where blocks
 //! were freed since the last one, so reserved memory tracks live memory plus partly used pages.
 //!
+//! Note [Drain after sync] (`drain_after_sync`, off by default): once a remap has synchronized
+//! another stream, every fully-free page of that stream is unmapped at once into the handle
+//! cache (what this growth does not use is released when it ends, as every remap's leftovers
+//! are), so later growths find the memory free on the device instead of synchronizing that
+//! stream again. On the 12 generated several-streams cases: 38 % fewer synchronizations
+//! (3,387 against 5,498) and none more than pytorch-expandable's on any case (3 with the
+//! default), for 2–3 % more capacity summed (17,686 MiB against 17,290); off by default because
+//! capacity comes first. Single-stream programs never see it (a stream's own pages are parked).
+//!
 //! Note [Remap]: when `create` reports out-of-memory, a fully-free chunk of any segment (any
 //! stream, after that stream's queued work is done: Note [Syncs] in `free.rs`) is unmapped and
 //! its handle mapped where the growth needs it. A chunk of the growing stream's own segments
@@ -455,13 +464,40 @@ impl<B: Backend> State<B> {
         };
         let (seg, free) = cands[best];
         let stream = self.segments[&seg].stream;
-        let front = if self.needs_sync(stream) && self.may_park(stream, exclude.stream, &free) {
+        let park = self.needs_sync(stream) && self.may_park(stream, exclude.stream, &free);
+        let synced = self.needs_sync(stream) && !park;
+        if !park {
+            self.sync_before_unmap(stream)?;
+        }
+        self.take_candidate(cands, best, park)?;
+        if synced && stream != exclude.stream && self.config.drain_after_sync {
+            // Note [Drain after sync]: the other stream's free pages are quiet now; take them all.
+            while let Some(i) = cands
+                .iter()
+                .position(|(s, _)| self.segments[s].stream == stream)
+            {
+                self.take_candidate(cands, i, false)?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// Takes candidate `i` out of `cands` into the handle cache: parked (Note [Parked pages]) or
+    /// unmapped (its stream is quiet: the caller synchronized it if needed). The candidates
+    /// listed before it in the same free piece move to the piece that now holds them.
+    fn take_candidate(
+        &mut self,
+        cands: &mut Vec<(SegmentKey, FreeChunk)>,
+        i: usize,
+        park: bool,
+    ) -> Result<(), GrowFail> {
+        let (seg, free) = cands[i];
+        let front = if park {
             self.park_chunk(seg, free)
         } else {
-            self.sync_before_unmap(stream)?;
             self.unmap_chunk(seg, free)?
         };
-        cands.swap_remove(best);
+        cands.swap_remove(i);
         if let Some(front) = front {
             for (s, c) in cands.iter_mut() {
                 if *s == seg && c.piece == free.piece && c.at < free.at {
@@ -472,7 +508,7 @@ impl<B: Backend> State<B> {
         let chunk = free.chunk;
         self.stats.remapped_bytes += chunk.len as u64;
         self.cache.put(chunk.handle, chunk.len);
-        Ok(true)
+        Ok(())
     }
 
     /// The candidate `harvest_one` takes for a growth on `stream`: the greatest (taken without

@@ -1,7 +1,8 @@
 //! The allocator's core: `&mut self` only, no locks (the public type wraps it in a mutex).
 //!
-//! Blocks are carved best-fit (smallest free range that fits, lowest address on ties) from the free
-//! ranges of the request's (stream, pool); when none fits, a segment grows (`growth.rs`). This file
+//! Blocks are carved best-fit (smallest free range that fits, lowest address on ties; the block
+//! freed just before among exact fits, Note [Last free] in `last_free.rs`) from the free ranges of
+//! the request's (stream, pool); when none fits, a segment grows (`growth.rs`). This file
 //! holds the state and its small queries; what changes it lives by responsibility beside it:
 //! `free_ranges.rs` (the only code that changes the tiling and the index), `allocate.rs`,
 //! `free.rs` (frees, stream uses, pending events), `release.rs` (unmapping and giving back),

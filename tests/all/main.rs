@@ -3,6 +3,7 @@
 mod best_fit_growth;
 mod classic_behaviour;
 mod classic_model;
+mod drain_after_sync;
 mod expandable_behaviour;
 mod expandable_pressure;
 mod expandable_regressions;
