@@ -47,8 +47,11 @@
 //! are), so later growths find the memory free on the device instead of synchronizing that
 //! stream again. On the 12 generated several-streams cases: 38 % fewer synchronizations
 //! (3,387 against 5,498) and none more than pytorch-expandable's on any case (3 with the
-//! default), for 2–3 % more capacity summed (17,686 MiB against 17,290); off by default because
-//! capacity comes first. Single-stream programs never see it (a stream's own pages are parked).
+//! default), for 2–3 % more capacity summed (17,686 MiB against 17,290). With ten streams it
+//! pays more and saves less: 9–17 % fewer synchronizations for 2–8 % more capacity, which is
+//! above pytorch-expandable's on 2 of the 6 seeds (2264 and 2378 MiB against 2250 and 2370).
+//! Off by default because capacity comes first. Single-stream programs never see it (a
+//! stream's own pages are parked).
 //!
 //! Note [Remap]: when `create` reports out-of-memory, a fully-free chunk of any segment (any
 //! stream, after that stream's queued work is done: Note [Syncs] in `free.rs`) is unmapped and
