@@ -37,7 +37,7 @@ impl<B: Backend> State<B> {
         let last = self.take_last_free(own, rounded);
         let fit = match (own, last) {
             (Some(slot), Some(piece)) => Some((slot, piece)),
-            _ => self.find_free(stream, pool, rounded),
+            _ => self.find_free(own, rounded),
         };
         let (slot, free, held_by) = match fit {
             Some((slot, free)) => (slot, free, pool),
@@ -78,16 +78,12 @@ impl<B: Backend> State<B> {
         })
     }
 
-    /// Best fit: the smallest free range of (stream, pool) that holds `rounded`, lowest address
+    /// Best fit: the smallest free range of a (stream, pool) that holds `rounded`, lowest address
     /// on ties. With `faithful_oversize`, PyTorch's `max_split_size` rules apply.
-    /// Returns the index's slot and the range's piece.
-    fn find_free(
-        &self,
-        stream: StreamId,
-        pool: PoolKind,
-        rounded: usize,
-    ) -> Option<(u32, PieceId)> {
-        let slot = self.index.find(StreamPool { stream, pool })?;
+    /// `slot`: the (stream, pool)'s index slot, if it has one. Returns the slot and the range's
+    /// piece.
+    fn find_free(&self, slot: Option<u32>, rounded: usize) -> Option<(u32, PieceId)> {
+        let slot = slot?;
         let FreeRange { len, piece: id, .. } = self.index.at(slot).best_fit(rounded)?;
         if self.config.faithful_oversize {
             if let Some(max_split) = self.config.max_split_size {
@@ -123,7 +119,11 @@ impl<B: Backend> State<B> {
         if !self.config.borrow_across_pools || pool != PoolKind::Small || !pressured() {
             return None;
         }
-        self.find_free(stream, PoolKind::Large, rounded)
+        let large = self.index.find(StreamPool {
+            stream,
+            pool: PoolKind::Large,
+        });
+        self.find_free(large, rounded)
     }
 
     /// Grows a segment so that a free piece holds `rounded`, retrying once after giving every
@@ -142,7 +142,8 @@ impl<B: Backend> State<B> {
         // Last resort, as PyTorch: wait for every pending free, give every free page back, retry.
         self.stats.num_alloc_retries += 1;
         self.release_cached(false)?;
-        if let Some(found) = self.find_free(stream, pool, rounded) {
+        let slot = self.index.find(StreamPool { stream, pool });
+        if let Some(found) = self.find_free(slot, rounded) {
             return Ok(found);
         }
         match self.grow(stream, pool, rounded) {

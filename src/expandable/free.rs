@@ -62,9 +62,8 @@ impl<B: Backend> State<B> {
         let StreamPool { stream, pool } = self.index.key(block.slot);
         self.unsynced_frees.insert(stream);
         let size = self.size_of(block);
-        let at = self.pieces.get(block.piece).start;
         let merged = self.make_free(block.slot, block.piece);
-        self.remember_free(block.slot, merged, at, size);
+        self.remember_free(block.slot, block.piece, merged, size);
         self.stats.count_inactive(pool, size, block.requested);
     }
 

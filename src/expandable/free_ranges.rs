@@ -69,6 +69,8 @@ impl<B: Backend> State<B> {
     /// Maps the tiling of `seg` over `[at, at + len)`, which lies in one gap piece: the range
     /// becomes free (merged with its free neighbours), and the merged free piece is returned.
     pub(crate) fn gap_to_free(&mut self, seg: SegmentKey, at: u64, len: usize) -> Option<PieceId> {
+        // The run may merge with the last free's piece (Note [Last free] in `last_free.rs`).
+        self.last_free = None;
         let s = self.segments.get_mut(&seg)?;
         let slot = s.slot;
         let g = s.gap_before(at)?;
@@ -100,6 +102,8 @@ impl<B: Backend> State<B> {
         at: u64,
         len: usize,
     ) -> Option<PieceId> {
+        // The last free's piece may be this one (Note [Last free] in `last_free.rs`).
+        self.last_free = None;
         let s = self.segments.get_mut(&seg)?;
         let p = *self.pieces.get(id);
         let end = at + len as u64;

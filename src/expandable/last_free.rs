@@ -24,51 +24,36 @@ use crate::backend::Backend;
 use crate::expandable::pieces::{Kind, PieceId};
 use crate::expandable::state::State;
 
-/// The latest free, while no allocation has run since: its index slot, its piece and range.
+/// The latest free, while nothing has changed its piece since (no allocation: `allocate` takes
+/// it; no unmap or growth: `free_to_gap` and `gap_to_free` forget it): its index slot and piece,
+/// which is exactly the freed block's range.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LastFree {
     slot: u32,
     piece: PieceId,
-    at: u64,
-    len: usize,
 }
 
 impl<B: Backend> State<B> {
-    /// Records the free of the block that was `[at, at + len)` in `slot`, now free piece
-    /// `merged`: remembered only if the free merged nothing (the piece is exactly the block).
-    pub(crate) fn remember_free(&mut self, slot: u32, merged: PieceId, at: u64, len: usize) {
-        let p = self.pieces.get(merged);
-        self.last_free =
-            (self.config.reuse_last_free && p.start == at && p.len == len).then_some(LastFree {
-                slot,
-                piece: merged,
-                at,
-                len,
-            });
+    /// Records the free of block piece `block` (`len` bytes) in `slot`, which became free piece
+    /// `merged`: remembered only if the free merged nothing (the piece is still the block's).
+    pub(crate) fn remember_free(&mut self, slot: u32, block: PieceId, merged: PieceId, len: usize) {
+        let unmerged = merged == block && self.pieces.get(merged).len == len;
+        self.last_free = (self.config.reuse_last_free && unmerged).then_some(LastFree {
+            slot,
+            piece: merged,
+        });
     }
 
-    /// The free piece of the last free if the request (`slot`, `rounded`) is its exact size and
-    /// the piece is still exactly that block; forgets the last free either way (Note [Last
-    /// free]).
+    /// The free piece of the last free if the request (`slot`, `rounded`) is its exact size;
+    /// forgets the last free either way (Note [Last free]).
     pub(crate) fn take_last_free(&mut self, slot: Option<u32>, rounded: usize) -> Option<PieceId> {
         let last = self.last_free.take()?;
-        if slot != Some(last.slot) || last.len != rounded {
-            return None;
-        }
         let p = self.pieces.get(last.piece);
-        // Frees since would have replaced it; anything else that changed pieces (a release, an
-        // unmap) is seen here: the piece must still be linked, free, and the same range.
-        let linked = |id: PieceId, back: bool| {
-            self.pieces.kind(id).is_none() || {
-                let n = self.pieces.get(id);
-                if back {
-                    n.next == last.piece
-                } else {
-                    n.prev == last.piece
-                }
-            }
-        };
-        let same = p.kind == Kind::Free && p.start == last.at && p.len == last.len;
-        (same && linked(p.prev, true) && linked(p.next, false)).then_some(last.piece)
+        debug_assert_eq!(
+            p.kind,
+            Kind::Free,
+            "the last free's piece changed unnoticed"
+        );
+        (slot == Some(last.slot) && p.len == rounded).then_some(last.piece)
     }
 }

@@ -84,6 +84,7 @@ impl<B: Backend> State<B> {
             let _ = self.backend.release(h);
         }
         self.live.clear();
+        self.last_free = None;
         self.parked_handles.clear();
         self.index.clear();
         self.segments_by_slot.clear();

@@ -36,14 +36,7 @@ fn with_two_holes(
         );
     }
     let (h1, h2) = (addr(1), addr(3));
-    let mut blocks = blocks.into_iter();
-    let (a0, b1, b2, b3, b4) = (
-        blocks.next().unwrap(),
-        blocks.next().unwrap(),
-        blocks.next().unwrap(),
-        blocks.next().unwrap(),
-        blocks.next().unwrap(),
-    );
+    let [a0, b1, b2, b3, b4]: [Allocation; 5] = blocks.try_into().unwrap();
     a.deallocate(b1).unwrap();
     a.deallocate(b3).unwrap();
     a.empty_cache().unwrap();
