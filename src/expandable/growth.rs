@@ -475,11 +475,11 @@ impl<B: Backend> State<B> {
         self.take_candidate(cands, best, park)?;
         if synced && stream != exclude.stream && self.config.drain_after_sync {
             // Note [Drain after sync]: the other stream's free pages are quiet now; take them all.
-            while let Some(i) = cands
-                .iter()
-                .position(|(s, _)| self.segments[s].stream == stream)
-            {
-                self.take_candidate(cands, i, false)?;
+            // From the end down: `take_candidate`'s swap_remove brings an entry already visited.
+            for i in (0..cands.len()).rev() {
+                if self.segments[&cands[i].0].stream == stream {
+                    self.take_candidate(cands, i, false)?;
+                }
             }
         }
         Ok(true)
