@@ -25,10 +25,27 @@ use cudarc::driver::result::DriverError;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchArgs, PushKernelArg};
 
-use crate::backend::error::BackendErrorKind as E;
+use crate::backend::error::{BackendError, BackendErrorKind as E};
 use crate::backend::raw::{RawDevice, RawEvent, RawHandle, RawResult};
 use crate::backend::{Access, MemInfo, Protection, StreamId};
 use crate::buffer::DeviceBuffer;
+
+impl super::CudaBackend {
+    /// Makes a stream created outside cudarc known by its raw `CUstream` value (a host program's
+    /// stream, e.g. PyTorch's `cudaStream_t`: the same handle) and returns its id. 0 is the legacy
+    /// stream.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be 0 or a stream of this backend's context that stays alive as long as the
+    /// backend may record events on it or synchronize it (an allocator does so until its memory
+    /// freed on that stream is reused or released).
+    // Here, in the FFI module, because it is `unsafe`: its contract is the caller's promise about
+    // a pointer this crate cannot check (it makes no call itself).
+    pub unsafe fn adopt_raw_stream(&self, raw: u64) -> Result<StreamId, BackendError> {
+        Ok(self.inner.with_raw(|dev| dev.adopt_raw_stream(raw)))
+    }
+}
 
 /// Turns a `CUresult` into our error, keeping the driver's name for it.
 fn driver_error(code: CUresult) -> E {

@@ -70,22 +70,6 @@ impl CudaBackend {
             .map_err(|e| BackendError::new(CallKind::Init, e))
     }
 
-    /// Makes a stream created outside cudarc known by its raw `CUstream` value (a host program's
-    /// stream, e.g. PyTorch's `cudaStream_t`: the same handle) and returns its id. 0 is the legacy
-    /// stream.
-    ///
-    /// # Safety
-    ///
-    /// `raw` must be 0 or a stream of this backend's context that stays alive as long as the
-    /// backend may record events on it or synchronize it (an allocator does so until its memory
-    /// freed on that stream is reused or released).
-    // The one unsafe item outside the FFI module: its contract is the caller's promise about a
-    // pointer this crate cannot check.
-    #[allow(unsafe_code)]
-    pub unsafe fn adopt_raw_stream(&self, raw: u64) -> Result<StreamId, BackendError> {
-        Ok(self.inner.with_raw(|dev| dev.adopt_raw_stream(raw)))
-    }
-
     /// The id of `stream` if it is the legacy stream or was registered with
     /// [`register_stream`](Self::register_stream); `None` otherwise.
     pub fn stream_id(&self, stream: &CudaStream) -> Option<StreamId> {
