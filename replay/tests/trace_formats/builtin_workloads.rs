@@ -4,7 +4,7 @@ use super::*;
 
 /// Checks the invariants every workload keeps and returns (live bytes at the end, allocations
 /// live at the end).
-fn check_sane(t: &Trace) -> (u64, usize) {
+pub(super) fn check_sane(t: &Trace) -> (u64, usize) {
     assert!(t.initial.is_empty());
     assert_eq!((t.start, t.skipped_frees), (StartState::Empty, 0));
     let mut live: HashMap<u64, u64> = HashMap::new();

@@ -6,6 +6,7 @@ mod claims;
 mod hostile;
 mod mechanism_workloads;
 mod native_format;
+mod program_workloads;
 mod rmm_csv_reader;
 
 // Shared with tests/shared_traces, hence the path.

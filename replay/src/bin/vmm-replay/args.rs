@@ -21,8 +21,10 @@ pub struct Args {
     /// Replay this built-in workload (repeatable): transformer-training, inference-kv-cache,
     /// varying-batch or rmm-random; or a workload that shows one mechanism: small-after-large
     /// (small requests borrowing the large pool's free ranges under pressure), multi-stream,
-    /// two-streams and ten-streams (4, 2 or 10 streams sharing the device). With no FILES and no --workload, the
-    /// first four run.
+    /// two-streams and ten-streams (4, 2 or 10 streams sharing the device); or a program of
+    /// another kind: empty-cache-training (empty_cache() after every step), qlora (4-bit
+    /// weights dequantized around every matmul) or unet3d-training (3-D volumes). With no FILES
+    /// and no --workload, the first four run.
     #[arg(long, value_name = "NAME")]
     pub workload: Vec<String>,
     /// Seed of the built-in workloads (the same seed gives the same trace).

@@ -254,9 +254,11 @@ fn read_traces(args: &Args) -> Result<Vec<Trace>, String> {
         let trace = workloads::by_name(name, args.seed, args.ops, args.max_size);
         traces.push(trace.ok_or_else(|| {
             format!(
-                "unknown workload {name:?}: expected one of {}, or a mechanism workload: {}",
+                "unknown workload {name:?}: expected one of {}, a mechanism workload ({}) or a \
+                 program workload ({})",
                 workloads::NAMES.join(", "),
-                workloads::MECHANISMS.join(", ")
+                workloads::MECHANISMS.join(", "),
+                workloads::PROGRAMS.join(", ")
             )
         })?);
     }
