@@ -7,10 +7,13 @@
 //! Usage: `cargo run --release --example bench_report -- [--target DIR] [--out FILE]
 //! [--command TEXT]`. `scripts/benchmarks.sh` runs `cargo bench` and then this.
 //! `--target` defaults to `$CARGO_TARGET_DIR`, else `target`; `--out` to `BENCHMARKS.md`.
+//! Text of the file being replaced between `<!-- kept: NAME -->` and `<!-- end kept: NAME -->`
+//! is put back at the end of its section (`kept.rs`).
 
 mod buffer;
 mod data;
 mod format;
+mod kept;
 mod report;
 mod tables;
 mod verdicts;
@@ -73,7 +76,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let text = report(&data, &command, &recorded_machine(&target));
+    let mut text = report(&data, &command, &recorded_machine(&target));
+    // Hand-written notes of the file being replaced go back where they were (kept.rs).
+    if let Ok(old) = std::fs::read_to_string(&out) {
+        match kept::extract(&old) {
+            Ok(blocks) => text = kept::restore(&text, &blocks),
+            Err(e) => {
+                eprintln!("bench_report: {}: {e}", out.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     if let Err(e) = std::fs::write(&out, text) {
         eprintln!("bench_report: {}: {e}", out.display());
         return ExitCode::FAILURE;

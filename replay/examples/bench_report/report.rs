@@ -214,6 +214,11 @@ allocator of its own, nothing shared: the most any locking could reach on the ma
     } else {
         threads_table(out, d, &thread_groups);
     }
+    let mut scaling = vec![threads_verdict(
+        d,
+        &thread_groups,
+        "Threads (Sim), mixed sizes",
+    )];
     let same_size = d.groups_with("threads-same-size/");
     out.push_str(
         "The same with fixed shapes (`threads-same-size`): per step each thread frees the oldest \
@@ -225,6 +230,13 @@ lock.\n\n",
     } else {
         threads_table(out, d, &same_size);
     }
+    scaling.push(threads_verdict(
+        d,
+        &same_size,
+        "Threads (Sim), fixed shapes",
+    ));
+    write_verdicts(out, &scaling);
+    verdicts.extend(scaling);
 
     // GPU.
     buffer_section(out, d, &mut verdicts);

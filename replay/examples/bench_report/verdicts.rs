@@ -162,3 +162,35 @@ pub(crate) fn write_verdicts(out: &mut String, verdicts: &[Verdict]) {
         .expect("write to a String");
     }
 }
+
+/// Issue 19's scaling target: 2 threads on 2 streams do at least 1.5× the operations of one, per
+/// workload (`groups`: the 1- and 2-thread groups of one bench), for the default allocator and
+/// for it with the front cache; met if either reaches it.
+pub(crate) fn threads_verdict(d: &Data, groups: &[String], label: &str) -> Verdict {
+    let target = format!("{label}: 2 threads on 2 streams ≥ 1.5× the operations of one");
+    let scaling = |f: &str| -> Option<f64> {
+        let one = groups.iter().find(|g| g.ends_with("/1"))?;
+        let two = groups.iter().find(|g| g.ends_with("/2"))?;
+        Some(d.get(two, f, "")?.rate()? / d.get(one, f, "")?.rate()?)
+    };
+    let measured: Vec<(&str, f64)> = ["expandable", "expandable-front-cache"]
+        .into_iter()
+        .filter_map(|f| Some((f, scaling(f)?)))
+        .collect();
+    if measured.is_empty() {
+        return Verdict {
+            target,
+            measured: "no results".into(),
+            met: None,
+        };
+    }
+    Verdict {
+        target,
+        measured: measured
+            .iter()
+            .map(|(f, s)| format!("{f} {}×", ratio(*s)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        met: Some(measured.iter().any(|(_, s)| *s >= 1.5)),
+    }
+}
