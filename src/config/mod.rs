@@ -135,6 +135,13 @@ pub struct ExpandableConfig {
     /// 9–17 % fewer on 10 streams for 2–8 % more). Default off. PyTorch: off (it gives every
     /// free page back at once instead).
     pub drain_after_sync: bool,
+    /// Under memory pressure, when every fully-free page a growth could take belongs to its own
+    /// stream, take the lowest-addressed first (Note \[Harvest order\] in
+    /// `expandable/growth.rs`): the free memory farthest below where segments grow, which later
+    /// blocks would otherwise split, goes first. Off, or when other streams' pages are
+    /// candidates: the highest-addressed first. Default on. PyTorch: no remap (it gives every
+    /// free page back at once).
+    pub harvest_lowest_first: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -163,6 +170,7 @@ impl Default for ExpandableConfig {
             best_fit_growth: true,
             reuse_last_free: true,
             drain_after_sync: false,
+            harvest_lowest_first: true,
         }
     }
 }
@@ -189,6 +197,7 @@ impl ExpandableConfig {
             park_remaps: false,
             best_fit_growth: false,
             reuse_last_free: false,
+            harvest_lowest_first: false,
             ..Self::default()
         }
     }

@@ -9,7 +9,7 @@ use super::ExpandableConfig;
 const MB: f64 = (1u64 << 20) as f64;
 
 /// Our keys, each with what it sets (for the error that lists them).
-pub const OWN_KEYS: [(&str, &str); 17] = [
+pub const OWN_KEYS: [(&str, &str); 18] = [
     (
         "headroom_fraction",
         "ExpandableConfig::headroom_fraction, in [0, 1]",
@@ -53,6 +53,10 @@ pub const OWN_KEYS: [(&str, &str); 17] = [
     (
         "drain_after_sync",
         "ExpandableConfig::drain_after_sync, true/false",
+    ),
+    (
+        "harvest_lowest_first",
+        "ExpandableConfig::harvest_lowest_first, true/false",
     ),
 ];
 
@@ -123,8 +127,9 @@ impl ExpandableConfig {
     /// [`with_alloc_conf`](Self::with_alloc_conf) does, and our own (one per switch of this type,
     /// listed in [`OWN_KEYS`]): `headroom_fraction`, `headroom_mb`, `handle_cache`,
     /// `handle_cache_limit_mb`, `remap_defrag`, `remap_before_create`, `sync_only_after_frees`,
-    /// `pressure_tail`, `borrow_across_pools`, `va_factor`, `small_page_mb` (booleans are
-    /// `true`/`false`, sizes in MiB). A key neither PyTorch nor this crate knows is an error that
+    /// `pressure_tail`, `borrow_across_pools`, `va_factor`, `small_page_mb`, `large_page_mb`,
+    /// `park_remaps`, `front_cache`, `best_fit_growth`, `reuse_last_free`, `drain_after_sync`,
+    /// `harvest_lowest_first` (booleans are `true`/`false`, sizes in MiB). A key neither PyTorch nor this crate knows is an error that
     /// lists ours; the result is [validated](Self::validate). Only the keys given change.
     ///
     /// ```
@@ -179,6 +184,7 @@ impl ExpandableConfig {
                 "best_fit_growth" => c.best_fit_growth = flag(key, value)?,
                 "reuse_last_free" => c.reuse_last_free = flag(key, value)?,
                 "drain_after_sync" => c.drain_after_sync = flag(key, value)?,
+                "harvest_lowest_first" => c.harvest_lowest_first = flag(key, value)?,
                 _ => unreachable!("every key of OWN_KEYS is matched above"),
             }
         }
@@ -198,7 +204,7 @@ mod tests {
                    sync_only_after_frees:false,pressure_tail:false,borrow_across_pools:false,\
                    va_factor:2,small_page_mb:4,large_page_mb:8,park_remaps:false,front_cache:true,\
                    best_fit_growth:false,reuse_last_free:false,\
-                   drain_after_sync:true";
+                   drain_after_sync:true,harvest_lowest_first:false";
         let c = ExpandableConfig::default().with_settings(all).unwrap();
         let expected = ExpandableConfig {
             headroom_fraction: 0.03,
@@ -218,6 +224,7 @@ mod tests {
             best_fit_growth: false,
             reuse_last_free: false,
             drain_after_sync: true,
+            harvest_lowest_first: false,
             ..ExpandableConfig::default()
         };
         assert_eq!(c, expected);

@@ -35,14 +35,13 @@ fn program_workloads_are_sane_and_deterministic() {
 }
 
 /// Min capacity per allocator on seeds 1-3 of each program workload (Sim; README, Results,
-/// "Programs of other kinds"): ours needs less than classic on every one, and no more than
-/// pytorch-expandable but on the cases listed here, where PyTorch's way under pressure (give
-/// every free page back, then grow) fits in less than ours (remap as few pages as the growth
-/// needs): the same cases with `remap_defrag:false` fit in 8258 MiB. Ours makes fewer driver
-/// calls than pytorch-expandable at each one's minimum on every case.
+/// "Programs of other kinds"): ours needs less than classic and no more than
+/// pytorch-expandable on every one, with no more driver calls than pytorch-expandable at each
+/// one's minimum. `qlora` seed 2 needed 38 MiB more than pytorch-expandable before the harvest
+/// order took one stream's lowest free pages first (Note [Harvest order] in vmm-alloc's
+/// `expandable/growth.rs`): 8300 MiB against 8262, now 8258.
 #[test]
 fn program_workloads_fit_in_less_than_classic_and_as_little_as_pytorch_expandable() {
-    let known_gaps = [("qlora-s2", 38 * MIB)];
     let opts = ReplayOptions::default();
     for name in workloads::PROGRAMS {
         for seed in 1..=3 {
@@ -64,14 +63,10 @@ fn program_workloads_fit_in_less_than_classic_and_as_little_as_pytorch_expandabl
                 at_ours.driver_calls,
                 at_theirs.driver_calls
             );
-            let gap = known_gaps
-                .iter()
-                .find(|(n, _)| *n == trace.name)
-                .map_or(0, |&(_, g)| g);
             assert!(ours < classic, "{}: ours {ours} vs {classic}", trace.name);
             assert!(
-                ours <= theirs + gap,
-                "{}: ours {ours} > pytorch-expandable {theirs} + {gap}",
+                ours <= theirs,
+                "{}: ours {ours} > pytorch-expandable {theirs}",
                 trace.name
             );
             assert!(
