@@ -321,7 +321,9 @@ fn drive<A: Allocator>(
 
 /// The smallest capacity (a multiple of `step`) with which `trace` replays through `policy` with
 /// no OOM, found by bisection between the peak live bytes and `upper`; `None` if even `upper`
-/// is not enough. Also returns the outcome of the run at that capacity (without history: the
+/// is not enough. Bisection assumes that a trace that fits a capacity fits every larger one;
+/// where it does not (a policy's pressure decisions change with the capacity), the result
+/// fits and `result - step` does not, but a smaller capacity may fit again. Also returns the outcome of the run at that capacity (without history: the
 /// bisection's runs record none).
 pub fn min_capacity(
     trace: &Trace,

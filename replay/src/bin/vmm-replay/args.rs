@@ -41,7 +41,10 @@ pub struct Args {
     #[arg(long, default_value = "80GiB", value_parser = parse_size)]
     pub capacity: u64,
     /// Also find, by bisection to the 2 MiB granularity, the smallest capacity with which each
-    /// trace replays without an out-of-memory error, and report the run at that capacity.
+    /// trace replays without an out-of-memory error, and report the run at that capacity. The
+    /// bisection assumes a trace that fits a device fits any larger one; where a policy's
+    /// decisions make that false (several streams, pressure paths), the capacity reported
+    /// fits and the one 2 MiB below it does not, but a smaller one may fit again.
     #[arg(long)]
     pub min_capacity: bool,
     /// Print JSON (field names in the README) instead of the table.
