@@ -570,9 +570,9 @@ impl<B: Backend> State<B> {
                     (st, q)
                 }
             };
+            own_only &= seg_stream == stream;
             // Parked only on the way to an out-of-memory, not in the headroom (Note [Parked
             // pages]).
-            own_only &= seg_stream == stream;
             let quiet = quiet || (!quiet_only && self.may_park(seg_stream, stream, c));
             if quiet_only && !(quiet && c.chunk.len <= want) {
                 continue;
