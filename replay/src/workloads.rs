@@ -769,11 +769,10 @@ pub fn qlora(seed: u64) -> Trace {
         let mut x = b.alloc(x_bytes);
         let mut checkpoints = Vec::new();
         // One layer's forward; with `keep`, what its backward needs stays live.
-        let layer = |b: &mut Builder, _input: u64, keep: bool| -> (u64, Vec<u64>) {
+        let layer = |b: &mut Builder, keep: bool| -> (u64, Vec<u64>) {
             let mut saved = Vec::new();
             let normed = b.alloc(x_bytes);
-            let mut proj = Vec::new();
-            for _ in 0..4 {
+            let [q, k, v, o] = std::array::from_fn(|_| {
                 let w = b.alloc(d * d * 2);
                 let out = b.alloc(x_bytes);
                 b.free(w);
@@ -784,11 +783,10 @@ pub fn qlora(seed: u64) -> Trace {
                 } else {
                     b.free(lora)
                 }
-                proj.push(out);
-            }
+                out
+            });
             let scores = b.alloc(bs * 32 * 4);
-            let o = proj.pop().unwrap_or(normed);
-            b.free_all(proj);
+            b.free_all([q, k, v]);
             let mid = b.alloc(x_bytes);
             b.free_all([scores, o]);
             let normed2 = b.alloc(x_bytes);
@@ -814,7 +812,7 @@ pub fn qlora(seed: u64) -> Trace {
             (out, saved)
         };
         for _ in 0..layers {
-            let (out, _) = layer(&mut b, x, false);
+            let (out, _) = layer(&mut b, false);
             checkpoints.push(x);
             x = out;
         }
@@ -825,7 +823,7 @@ pub fn qlora(seed: u64) -> Trace {
         b.free(g_logits);
         for input in checkpoints.into_iter().rev() {
             // Recompute the layer keeping its activations, then its backward pass.
-            let (out, saved) = layer(&mut b, input, true);
+            let (out, saved) = layer(&mut b, true);
             b.free(out);
             for (i, o) in linears.iter().rev() {
                 let w = b.alloc(i * o * 2);

@@ -488,8 +488,9 @@ impl<B: Backend> State<B> {
         };
         let (seg, free) = cands[best];
         let stream = self.segments[&seg].stream;
-        let park = self.needs_sync(stream) && self.may_park(stream, exclude.stream, &free);
-        let synced = self.needs_sync(stream) && !park;
+        let needs_sync = self.needs_sync(stream);
+        let park = needs_sync && self.may_park(stream, exclude.stream, &free);
+        let synced = needs_sync && !park;
         if !park {
             self.sync_before_unmap(stream)?;
         }

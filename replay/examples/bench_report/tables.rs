@@ -249,6 +249,11 @@ pub(crate) fn driver_notes(out: &mut String, hot: Option<&Value>) {
     }
 }
 
+/// Total throughput of `func` in group `to` over that in group `from` (e.g. 2 threads over 1).
+pub(crate) fn scaling(d: &Data, from: &str, to: &str, func: &str) -> Option<f64> {
+    Some(d.get(to, func, "")?.rate()? / d.get(from, func, "")?.rate()?)
+}
+
 /// One row per thread count: time ratios against expandable, then ops/s, then expandable's time
 /// per operation; and the scaling from the fewest to the most threads.
 pub(crate) fn threads_table(out: &mut String, d: &Data, groups: &[String]) {
@@ -288,11 +293,7 @@ pub(crate) fn threads_table(out: &mut String, d: &Data, groups: &[String]) {
         if first != last {
             let parts: Vec<String> = funcs
                 .iter()
-                .filter_map(|f| {
-                    let a = d.get(first, f, "")?.rate()?;
-                    let b = d.get(last, f, "")?.rate()?;
-                    Some(format!("{f} {}×", ratio(b / a)))
-                })
+                .filter_map(|f| Some(format!("{f} {}×", ratio(scaling(d, first, last, f)?))))
                 .collect();
             let (a, b) = (
                 first.rsplit('/').next().unwrap_or(""),

@@ -168,14 +168,11 @@ pub(crate) fn write_verdicts(out: &mut String, verdicts: &[Verdict]) {
 /// for it with the front cache; met if either reaches it.
 pub(crate) fn threads_verdict(d: &Data, groups: &[String], label: &str) -> Verdict {
     let target = format!("{label}: 2 threads on 2 streams ≥ 1.5× the operations of one");
-    let scaling = |f: &str| -> Option<f64> {
-        let one = groups.iter().find(|g| g.ends_with("/1"))?;
-        let two = groups.iter().find(|g| g.ends_with("/2"))?;
-        Some(d.get(two, f, "")?.rate()? / d.get(one, f, "")?.rate()?)
-    };
+    let one = groups.iter().find(|g| g.ends_with("/1"));
+    let two = groups.iter().find(|g| g.ends_with("/2"));
     let measured: Vec<(&str, f64)> = ["expandable", "expandable-front-cache"]
         .into_iter()
-        .filter_map(|f| Some((f, scaling(f)?)))
+        .filter_map(|f| Some((f, scaling(d, one?, two?, f)?)))
         .collect();
     if measured.is_empty() {
         return Verdict {
