@@ -1,17 +1,42 @@
 //! The workloads shaped like whole programs of kinds no shared trace has ([`workloads::PROGRAMS`]:
-//! a training loop calling `empty_cache()` every step, QLoRA fine-tuning, 3-D U-Net training):
-//! well formed, deterministic, and what each allocator needs on them.
+//! a training loop calling `empty_cache()` every step, QLoRA fine-tuning, 3-D U-Net training;
+//! [`workloads::SERVERS`]: inference servers with a stream per request): well formed,
+//! deterministic, and what each allocator needs on them.
 
 use super::builtin_workloads::check_sane;
 use super::*;
 use vmm_alloc::backend::CallKind;
-use vmm_replay::replay::{min_capacity, Policy, ReplayOptions};
+use vmm_replay::replay::{min_capacity, Policy, ReplayOptions, ReplayOutcome};
 
 const MIB: usize = 1 << 20;
 
+/// Min capacity of `trace` (up to 32 GiB, 2 MiB steps) for classic, and with the run at it for
+/// pytorch-expandable and ours; printed.
+fn min_capacities(trace: &Trace) -> (usize, (usize, ReplayOutcome), (usize, ReplayOutcome)) {
+    let opts = ReplayOptions::default();
+    let min = |policy| {
+        min_capacity(trace, policy, &opts, 32 << 30, 2 * MIB)
+            .unwrap()
+            .unwrap()
+    };
+    let (classic, _) = min(Policy::Classic);
+    let (theirs, at_theirs) = min(Policy::PytorchExpandable);
+    let (ours, at_ours) = min(Policy::Expandable);
+    eprintln!(
+        "{}: min ours {} MiB, pytorch-expandable {}, classic {}; calls {} vs {}",
+        trace.name,
+        ours / MIB,
+        theirs / MIB,
+        classic / MIB,
+        at_ours.driver_calls,
+        at_theirs.driver_calls
+    );
+    (classic, (theirs, at_theirs), (ours, at_ours))
+}
+
 #[test]
 fn program_workloads_are_sane_and_deterministic() {
-    for name in workloads::PROGRAMS {
+    for name in workloads::PROGRAMS.into_iter().chain(workloads::SERVERS) {
         let (a, b, c) = (
             workloads::by_name(name, 7, 0, 0).unwrap(),
             workloads::by_name(name, 7, 0, 0).unwrap(),
@@ -43,27 +68,10 @@ fn program_workloads_are_sane_and_deterministic() {
 /// `expandable/growth.rs`): 8300 MiB against 8262, now 8258.
 #[test]
 fn program_workloads_fit_in_less_than_classic_and_as_little_as_pytorch_expandable() {
-    let opts = ReplayOptions::default();
     for name in workloads::PROGRAMS {
         for seed in 1..=3 {
             let trace = workloads::by_name(name, seed, 0, 0).unwrap();
-            let min = |policy| {
-                min_capacity(&trace, policy, &opts, 32 << 30, 2 * MIB)
-                    .unwrap()
-                    .unwrap()
-            };
-            let (classic, _) = min(Policy::Classic);
-            let (theirs, at_theirs) = min(Policy::PytorchExpandable);
-            let (ours, at_ours) = min(Policy::Expandable);
-            eprintln!(
-                "{}: min ours {} MiB, pytorch-expandable {}, classic {}; calls {} vs {}",
-                trace.name,
-                ours / MIB,
-                theirs / MIB,
-                classic / MIB,
-                at_ours.driver_calls,
-                at_theirs.driver_calls
-            );
+            let (classic, (theirs, at_theirs), (ours, at_ours)) = min_capacities(&trace);
             assert!(ours < classic, "{}: ours {ours} vs {classic}", trace.name);
             assert!(
                 ours <= theirs,
@@ -77,14 +85,45 @@ fn program_workloads_fit_in_less_than_classic_and_as_little_as_pytorch_expandabl
                 at_ours.driver_calls,
                 at_theirs.driver_calls
             );
-            let syncs =
-                |o: &vmm_replay::replay::ReplayOutcome| o.calls.calls(CallKind::Synchronize);
+            let syncs = |o: &ReplayOutcome| o.calls.calls(CallKind::Synchronize);
             assert!(
                 syncs(&at_ours) <= syncs(&at_theirs),
                 "{}: {} synchronizations vs {}",
                 trace.name,
                 syncs(&at_ours),
                 syncs(&at_theirs)
+            );
+        }
+    }
+}
+
+/// The inference servers (seeds 1-2 of 10 and 4 streams): each stream's requests really run on
+/// it, and ours needs less than classic with fewer driver calls than pytorch-expandable at each
+/// one's minimum. What does not hold yet, and is shown in the README (Results, "Inference
+/// servers") rather than asserted: on seeds 1-6 of both, ours needs more than
+/// pytorch-expandable on 4 of 12 (by up to 46 MiB) and synchronizes more on 8.
+#[test]
+fn inference_servers_fit_in_less_than_classic_with_fewer_calls_than_pytorch_expandable() {
+    for (name, streams) in workloads::SERVERS.into_iter().zip([10, 4]) {
+        for seed in 1..=2 {
+            let trace = workloads::by_name(name, seed, 0, 0).unwrap();
+            let used: std::collections::BTreeSet<u64> = trace
+                .events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Alloc { stream, .. } => Some(*stream),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(used.len(), streams, "{}: streams used", trace.name);
+            let (classic, (_, at_theirs), (ours, at_ours)) = min_capacities(&trace);
+            assert!(ours < classic, "{}: ours {ours} vs {classic}", trace.name);
+            assert!(
+                at_ours.driver_calls < at_theirs.driver_calls,
+                "{}: {} calls vs {}",
+                trace.name,
+                at_ours.driver_calls,
+                at_theirs.driver_calls
             );
         }
     }

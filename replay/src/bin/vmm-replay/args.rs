@@ -23,8 +23,9 @@ pub struct Args {
     /// (small requests borrowing the large pool's free ranges under pressure), multi-stream,
     /// two-streams and ten-streams (4, 2 or 10 streams sharing the device); or a program of
     /// another kind: empty-cache-training (empty_cache() after every step), qlora (4-bit
-    /// weights dequantized around every matmul) or unet3d-training (3-D volumes). With no FILES
-    /// and no --workload, the first four run.
+    /// weights dequantized around every matmul), unet3d-training (3-D volumes),
+    /// inference-server or inference-server-4 (requests on 10 or 4 streams at once, each
+    /// growing its own KV cache). With no FILES and no --workload, the first four run.
     #[arg(long, value_name = "NAME")]
     pub workload: Vec<String>,
     /// Seed of the built-in workloads (the same seed gives the same trace).

@@ -255,10 +255,11 @@ fn read_traces(args: &Args) -> Result<Vec<Trace>, String> {
         traces.push(trace.ok_or_else(|| {
             format!(
                 "unknown workload {name:?}: expected one of {}, a mechanism workload ({}) or a \
-                 program workload ({})",
+                 program workload ({}, {})",
                 workloads::NAMES.join(", "),
                 workloads::MECHANISMS.join(", "),
-                workloads::PROGRAMS.join(", ")
+                workloads::PROGRAMS.join(", "),
+                workloads::SERVERS.join(", ")
             )
         })?);
     }
