@@ -7,7 +7,9 @@ command:
 Without JSON it runs `cargo run --release --bin vmm-replay -- --min-capacity --json
 ../shared/traces/pytorch/*.pickle` (from the repository root) and reads its output. Prints
 Markdown: per trace and allocator, min capacity / peak live, utilization at 80 GiB, driver calls,
-physical bytes created and stream synchronizations, at min capacity and at 80 GiB.
+physical bytes created and stream synchronizations, at min capacity and at 80 GiB; then issue
+19's goals 1-3, each criterion on its own row: on how many traces ours meets it, and the
+figures of every trace where it does not.
 """
 import glob
 import json
@@ -40,6 +42,11 @@ def syncs(run):
 
 def main():
     data = load()
+    table(data)
+    goals(data)
+
+
+def table(data):
     head = ["trace", "peak live GiB"]
     for what in ["min cap / live", "util @80", "calls @min", "calls @80", "created @min GiB",
                  "created @80 GiB", "syncs @min"]:
@@ -82,6 +89,77 @@ def main():
         row += [f"{total[a][k] / GIB:.1f}" for a in ORDER]
     row += [str(total[a]["syncs"]) for a in ORDER]
     print("| " + " | ".join(row) + " |")
+
+
+MIB = 1 << 20
+# Goal 1's sum: what 2 MiB pages everywhere would reach (issue 19).
+SUM_BAR_GIB = 289.3
+
+
+def criteria():
+    """(goal, criterion, test(ours, pt, classic, live) -> None if met, else the figures)."""
+    mib = lambda b: f"{b / MIB:.0f}"
+    at = lambda r: r["at_min_capacity"]
+
+    def le(a, b, show):
+        return None if a <= b else show
+
+    return [
+        ("1", "min capacity ≤ pytorch-expandable's",
+         lambda o, p, c, live: le(o["min_capacity_bytes"], p["min_capacity_bytes"],
+                                  f"{mib(o['min_capacity_bytes'])} vs {mib(p['min_capacity_bytes'])} MiB")),
+        ("1", "min capacity ≤ classic's",
+         lambda o, p, c, live: le(o["min_capacity_bytes"], c["min_capacity_bytes"],
+                                  f"{mib(o['min_capacity_bytes'])} vs {mib(c['min_capacity_bytes'])} MiB")),
+        ("1", "min capacity ≤ 1.02 × peak live + 4 MiB",
+         lambda o, p, c, live: le(o["min_capacity_bytes"], 1.02 * live + 4 * MIB,
+                                  f"{o['min_capacity_bytes'] / live:.3f} × live")),
+        ("2", "utilization at 80 GiB ≥ pytorch-expandable's and classic's",
+         lambda o, p, c, live: le(max(p["utilization"], c["utilization"]) - 1e-9, o["utilization"],
+                                  f"{o['utilization']:.3f} vs {p['utilization']:.3f} / {c['utilization']:.3f}")),
+        ("2", "peak reserved at 80 GiB ≤ pytorch-expandable's",
+         lambda o, p, c, live: le(o["peak_reserved_bytes"], p["peak_reserved_bytes"],
+                                  f"{mib(o['peak_reserved_bytes'])} vs {mib(p['peak_reserved_bytes'])} MiB")),
+        ("3", "driver calls at min capacity ≤ pytorch-expandable's",
+         lambda o, p, c, live: le(at(o)["driver_calls"], at(p)["driver_calls"],
+                                  f"{at(o)['driver_calls']} vs {at(p)['driver_calls']}")),
+        ("3", "driver calls at 80 GiB ≤ pytorch-expandable's",
+         lambda o, p, c, live: le(o["driver_calls"], p["driver_calls"],
+                                  f"{o['driver_calls']} vs {p['driver_calls']}")),
+        ("3", "bytes created ≤ 1.1 × peak reserved, at min capacity",
+         lambda o, p, c, live: le(at(o)["bytes_created"], 1.1 * at(o)["peak_reserved_bytes"],
+                                  f"{at(o)['bytes_created'] / at(o)['peak_reserved_bytes']:.2f} ×")),
+        ("3", "bytes created ≤ 1.1 × peak reserved, at 80 GiB",
+         lambda o, p, c, live: le(o["bytes_created"], 1.1 * o["peak_reserved_bytes"],
+                                  f"{o['bytes_created'] / o['peak_reserved_bytes']:.2f} ×")),
+        ("3", "synchronizations at min capacity ≤ pytorch-expandable's",
+         lambda o, p, c, live: le(syncs(at(o)), syncs(at(p)), f"{syncs(at(o))} vs {syncs(at(p))}")),
+        ("3", "synchronizations at 80 GiB ≤ pytorch-expandable's",
+         lambda o, p, c, live: le(syncs(o), syncs(p), f"{syncs(o)} vs {syncs(p)}")),
+    ]
+
+
+def goals(data):
+    """Issue 19's goals 1-3 on these traces, criterion by criterion."""
+    print()
+    print("| goal | criterion | traces meeting it | where not (ours vs the bar) |")
+    print("|---|---|--:|---|")
+    n = len(data["traces"])
+    for goal, what, test in criteria():
+        misses = []
+        for t in data["traces"]:
+            runs = {a["allocator"]: a for a in t["allocators"]}
+            o, p, c = runs["expandable"], runs["pytorch-expandable"], runs["classic"]
+            miss = test(o, p, c, o["peak_live_bytes"])
+            if miss is not None:
+                misses.append(f"`{t['trace']}` {miss}")
+        print(f"| {goal} | {what} | {n - len(misses)} of {n} | {'; '.join(misses) or '-'} |")
+    total = sum(
+        a["min_capacity_bytes"] for t in data["traces"] for a in t["allocators"]
+        if a["allocator"] == "expandable"
+    ) / GIB
+    met = "yes" if total <= SUM_BAR_GIB else "no"
+    print(f"| 1 | min capacity summed ≤ {SUM_BAR_GIB} GiB | {met} | {total:.2f} GiB |")
 
 
 if __name__ == "__main__":
