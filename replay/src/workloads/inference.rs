@@ -31,7 +31,7 @@ const SHAPE: DecoderShape = DecoderShape {
     act: ACT,
 };
 
-/// What one generated token allocates per layer depends on.
+/// The shape a decoder layer's allocations follow.
 #[derive(Clone, Copy)]
 pub(super) struct DecoderShape {
     pub(super) width: u64,
@@ -125,7 +125,7 @@ pub(super) fn decode_layer(
 }
 
 /// A server generating text for several clients at once, one CUDA stream each: a 1.3B-parameter
-/// decoder (24 layers, width 2048, MLP 5504, fp16: 2.46 GiB of weights, allocated first on the
+/// decoder (24 layers, width 2048, MLP 5504, fp16: 2.38 GiB of weights, allocated first on the
 /// default stream and kept) and `streams` streams that each serve one request after another.
 /// Every one of 1,200 scheduling steps picks a stream: an idle one starts a request (batch 1,
 /// 2, 4 or 8, prompt of 32..=1024 tokens, 16..=128 tokens to generate, `torch.cat` or paged
