@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::conf::{merge, settings};
-use crate::replay::{min_capacity, replay, Policy, ReplayOptions, ReplayOutcome};
+use crate::replay::{min_capacity, replay, Policy, ReplayError, ReplayOptions, ReplayOutcome};
 use crate::{Event, Trace};
-use vmm_alloc::error::AllocError;
 use vmm_alloc::units::human_bytes;
 
 /// The granularity of the minimum-capacity bisection (the Sim backend's page).
@@ -104,7 +103,7 @@ pub fn evaluate(
     trace: &Trace,
     candidate: &Candidate,
     capacity: usize,
-) -> Result<Verdict, AllocError> {
+) -> Result<Verdict, ReplayError> {
     let opts = ReplayOptions {
         capacity,
         settings: candidate.change.clone(),
@@ -152,7 +151,7 @@ pub fn sweep(
     done: &(dyn Fn() + Sync),
 ) -> Result<Vec<Verdict>, String> {
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<Verdict, AllocError>>>> =
+    let results: Mutex<Vec<Option<Result<Verdict, ReplayError>>>> =
         Mutex::new(vec![None; candidates.len()].into_iter().collect());
     std::thread::scope(|s| {
         for _ in 0..threads.clamp(1, candidates.len().max(1)) {

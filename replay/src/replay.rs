@@ -114,6 +114,37 @@ impl Default for ReplayOptions {
     }
 }
 
+/// A replay that could not go on: an error that is not an out-of-memory (those are counted, not
+/// raised), with the event of the trace where it happened when there was one (errors of the
+/// allocator's setup have none).
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{}{source}", self.at())]
+pub struct ReplayError {
+    /// Index of the event among those replayed (initial blocks first), and what it was.
+    pub event: Option<(u64, String)>,
+    /// What the allocator said.
+    #[source]
+    pub source: AllocError,
+}
+
+impl ReplayError {
+    fn at(&self) -> String {
+        match &self.event {
+            Some((i, what)) => format!("event {i} ({what}): "),
+            None => String::new(),
+        }
+    }
+}
+
+impl From<AllocError> for ReplayError {
+    fn from(source: AllocError) -> Self {
+        Self {
+            event: None,
+            source,
+        }
+    }
+}
+
 /// One point of the timeline: the maxima over a stretch of events.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct TimelinePoint {
@@ -180,7 +211,7 @@ pub fn replay(
     trace: &Trace,
     policy: Policy,
     opts: &ReplayOptions,
-) -> Result<ReplayOutcome, AllocError> {
+) -> Result<ReplayOutcome, ReplayError> {
     replay_with_progress(trace, policy, opts, &mut |_| {})
 }
 
@@ -191,21 +222,23 @@ pub fn replay_with_progress(
     policy: Policy,
     opts: &ReplayOptions,
     progress: &mut dyn FnMut(u64),
-) -> Result<ReplayOutcome, AllocError> {
+) -> Result<ReplayOutcome, ReplayError> {
     let capacity = opts.capacity.next_multiple_of(2 << 20);
     let sim = SimBackend::with_config(SimConfig {
         capacity,
         ..SimConfig::default()
-    })?;
+    })
+    .map_err(AllocError::from)?;
     let conf = opts
         .use_trace_settings
         .then_some(trace.alloc_conf.as_deref())
         .flatten();
-    let (text, setup) =
-        effective(policy, conf, opts.settings.as_deref()).map_err(|message| ConfigError {
+    let (text, setup) = effective(policy, conf, opts.settings.as_deref()).map_err(|message| {
+        AllocError::from(ConfigError {
             message,
             token: None,
-        })?;
+        })
+    })?;
     let config = match setup {
         Setup::Classic(c) => {
             let alloc = ClassicAllocator::new(sim, c)?;
@@ -235,7 +268,7 @@ fn drive<A: Allocator>(
     history: Option<Recorder>,
     progress: &mut dyn FnMut(u64),
     settings: String,
-) -> Result<ReplayOutcome, AllocError> {
+) -> Result<ReplayOutcome, ReplayError> {
     let total = (trace.initial.len() + trace.events.len()) as u64;
     let stride = (total / opts.timeline_points.max(1) as u64).max(1);
     let mut run = Run {
@@ -261,23 +294,33 @@ fn drive<A: Allocator>(
         moments: Vec::new(),
     };
     let start = Instant::now();
-    for b in &trace.initial {
-        run.alloc(b.id, b.size, b.stream)?;
+    for (i, b) in trace.initial.iter().enumerate() {
+        let what = || {
+            format!(
+                "initial block {} of {} bytes on stream {}",
+                b.id, b.size, b.stream
+            )
+        };
+        run.alloc(b.id, b.size, b.stream).map_err(at(i, what))?;
     }
+    let first = trace.initial.len();
     for (i, e) in trace.events.iter().enumerate() {
         if i as u64 % PROGRESS_EVERY == PROGRESS_EVERY - 1 {
             progress(trace.initial.len() as u64 + i as u64);
         }
-        match *e {
-            Event::Alloc { id, size, stream } => run.alloc(id, size, stream)?,
-            Event::Free { id } => run.free(id)?,
+        let done = match *e {
+            Event::Alloc { id, size, stream } => run.alloc(id, size, stream),
+            Event::Free { id } => run.free(id),
             Event::EmptyCache if opts.replay_empty_cache => {
-                alloc.empty_cache()?;
-                run.tick();
+                alloc.empty_cache().map(|()| run.tick())
             }
-            Event::EmptyCache => run.tick(),
-            Event::FailedAlloc { size, stream } => run.failed_alloc(size, stream)?,
-        }
+            Event::EmptyCache => {
+                run.tick();
+                Ok(())
+            }
+            Event::FailedAlloc { size, stream } => run.failed_alloc(size, stream),
+        };
+        done.map_err(at(first + i, || describe(e)))?;
     }
     let seconds = start.elapsed().as_secs_f64();
     progress(total);
@@ -319,6 +362,29 @@ fn drive<A: Allocator>(
     })
 }
 
+/// What makes an error of event `i` a [`ReplayError`] naming it; `what` describes the event,
+/// called only on error (a replay runs millions of events).
+fn at(i: usize, what: impl FnOnce() -> String) -> impl FnOnce(AllocError) -> ReplayError {
+    move |source| ReplayError {
+        event: Some((i as u64, what())),
+        source,
+    }
+}
+
+/// An event in words, for an error that names it.
+fn describe(e: &Event) -> String {
+    match *e {
+        Event::Alloc { id, size, stream } => {
+            format!("allocation {id} of {size} bytes on stream {stream}")
+        }
+        Event::Free { id } => format!("free of allocation {id}"),
+        Event::EmptyCache => "empty_cache()".to_string(),
+        Event::FailedAlloc { size, stream } => {
+            format!("the recorded failed request of {size} bytes on stream {stream}")
+        }
+    }
+}
+
 /// The smallest capacity (a multiple of `step`) with which `trace` replays through `policy` with
 /// no OOM, found by bisection between the peak live bytes and `upper`; `None` if even `upper`
 /// is not enough. Bisection assumes that a trace that fits a capacity fits every larger one;
@@ -331,7 +397,7 @@ pub fn min_capacity(
     opts: &ReplayOptions,
     upper: usize,
     step: usize,
-) -> Result<Option<(usize, ReplayOutcome)>, AllocError> {
+) -> Result<Option<(usize, ReplayOutcome)>, ReplayError> {
     let step = step.max(1);
     let at = |capacity: usize| {
         replay(
@@ -518,3 +584,6 @@ impl<A: Allocator> Run<'_, A> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
