@@ -68,14 +68,14 @@ fn replay_throughput(c: &mut Criterion) {
 /// shared trace at the capacity it states by default, on every core: `advise/sweep/<trace>`.
 /// The target (issue 20): under 30 s on the 2-core development machine.
 fn advise_sweep(c: &mut Criterion) {
-    use vmm_replay::advise::{candidates, default_capacity, sweep};
+    use vmm_replay::advise::{candidates_for, default_capacity, sweep};
     let Ok(trace) = shared_trace::largest() else {
         println!("advise: SKIPPED (no shared traces)");
         return;
     };
     let (capacity, _) = default_capacity(&trace);
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let list = candidates();
+    let list = candidates_for(&trace);
     let mut group = c.benchmark_group("advise");
     group
         .sample_size(10)

@@ -80,6 +80,33 @@ pub fn candidates() -> Vec<Candidate> {
     out
 }
 
+/// Ours' setting for programs whose streams each hold slowly growing tensors (Note [Give back
+/// before foreign sync] in vmm-alloc's `expandable/growth.rs`): tried on traces with several
+/// streams, where it can change something.
+pub const SEVERAL_STREAMS_SETTING: &str = "give_back_before_foreign_sync:true";
+
+/// The sweep for `trace`: [`candidates`], and, when the trace allocates on more than one stream,
+/// ours with [`SEVERAL_STREAMS_SETTING`] too.
+pub fn candidates_for(trace: &Trace) -> Vec<Candidate> {
+    let mut out = candidates();
+    let mut streams = trace
+        .initial
+        .iter()
+        .map(|b| b.stream)
+        .chain(trace.events.iter().filter_map(|e| match *e {
+            Event::Alloc { stream, .. } | Event::FailedAlloc { stream, .. } => Some(stream),
+            _ => None,
+        }));
+    let first = streams.next();
+    if streams.any(|s| Some(s) != first) {
+        out.push(Candidate {
+            policy: Policy::Expandable,
+            change: Some(SEVERAL_STREAMS_SETTING.to_string()),
+        });
+    }
+    out
+}
+
 /// One configuration's figures.
 #[derive(Clone, Debug)]
 pub struct Verdict {
@@ -285,8 +312,13 @@ pub fn recommend(trace: &Trace, capacity: u64, verdicts: &[Verdict]) -> String {
         .iter()
         .find(|v| v.candidate.policy == Policy::Expandable && v.fits())
     {
+        // Ours' own settings go in VMM_ALLOC_CONF, read by `install()`.
+        let conf = v.candidate.change.as_deref().map_or(String::new(), |c| {
+            format!("    export VMM_ALLOC_CONF={c}   # in the shell that starts the program\n")
+        });
         return format!(
-            "no PYTORCH_CUDA_ALLOC_CONF setting fits in {cap}; vmm-alloc does (peak reserved {}): switch to it, before the first CUDA allocation:\n\n    import vmm_alloc\n    vmm_alloc.install()\n",
+            "no PYTORCH_CUDA_ALLOC_CONF setting fits in {cap}; {} does (peak reserved {}): switch to it, before the first CUDA allocation:\n\n{conf}    import vmm_alloc\n    vmm_alloc.install()\n",
+            v.candidate.name(),
             human_bytes(v.at_capacity.peak_reserved_bytes)
         );
     }

@@ -128,6 +128,21 @@ pub struct Trace {
 }
 
 impl Trace {
+    /// A trace of `events` from an empty device: no initial blocks, nothing recorded, no settings
+    /// (what a program builds by hand, or a built-in workload).
+    pub fn from_events(name: impl Into<String>, events: Vec<Event>) -> Trace {
+        Trace {
+            name: name.into(),
+            initial: Vec::new(),
+            events,
+            start: StartState::Empty,
+            skipped_frees: 0,
+            recorded: None,
+            alloc_conf: None,
+            skipped: BTreeMap::new(),
+        }
+    }
+
     /// Peak of live requested bytes over the trace, counting the initial blocks (not the failed
     /// requests: they were never live).
     pub fn peak_live_bytes(&self) -> u64 {

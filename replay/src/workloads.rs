@@ -24,7 +24,7 @@
 //! kinds no shared trace records (`empty_cache()` every step, QLoRA, 3-D U-Net training) and
 //! [`SERVERS`] inference servers with one stream per request in flight.
 
-use crate::{Event, StartState, Trace};
+use crate::{Event, Trace};
 
 mod inference;
 mod programs;
@@ -110,16 +110,7 @@ impl Builder {
     }
 
     fn finish(self, name: String) -> Trace {
-        Trace {
-            name,
-            initial: Vec::new(),
-            events: self.events,
-            start: StartState::Empty,
-            skipped_frees: 0,
-            recorded: None,
-            alloc_conf: None,
-            skipped: Default::default(),
-        }
+        Trace::from_events(name, self.events)
     }
 }
 

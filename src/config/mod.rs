@@ -142,6 +142,18 @@ pub struct ExpandableConfig {
     /// candidates: the highest-addressed first. Default on. PyTorch: no remap (it gives every
     /// free page back at once).
     pub harvest_lowest_first: bool,
+    /// Under memory pressure, when the only free pages left to remap belong to another stream
+    /// that would first need a synchronization, give every free page back and retry, as
+    /// PyTorch does, instead of synchronizing that stream to take its pages one growth at a
+    /// time (Note \[Give back before foreign sync\] in `expandable/growth.rs`). The growing
+    /// stream's own pages are still remapped first, without a synchronization. For programs
+    /// whose streams each hold a mosaic of slowly growing tensors (an inference server with a
+    /// stream per client, each request growing its own KV cache): on the generated
+    /// `inference-server` workloads it needs less than PyTorch's policy summed and never
+    /// synchronizes more; on streams of large transient blocks it needs more (README, Results,
+    /// "Inference servers"). `vmm-replay advise` tries it on every trace with several streams.
+    /// Default off. PyTorch: gives every free page back whenever it runs out.
+    pub give_back_before_foreign_sync: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -171,6 +183,7 @@ impl Default for ExpandableConfig {
             reuse_last_free: true,
             drain_after_sync: false,
             harvest_lowest_first: true,
+            give_back_before_foreign_sync: false,
         }
     }
 }

@@ -9,7 +9,7 @@ use super::ExpandableConfig;
 const MB: f64 = (1u64 << 20) as f64;
 
 /// Our keys, each with what it sets (for the error that lists them).
-pub const OWN_KEYS: [(&str, &str); 18] = [
+pub const OWN_KEYS: [(&str, &str); 19] = [
     (
         "headroom_fraction",
         "ExpandableConfig::headroom_fraction, in [0, 1]",
@@ -57,6 +57,10 @@ pub const OWN_KEYS: [(&str, &str); 18] = [
     (
         "harvest_lowest_first",
         "ExpandableConfig::harvest_lowest_first, true/false",
+    ),
+    (
+        "give_back_before_foreign_sync",
+        "ExpandableConfig::give_back_before_foreign_sync, true/false",
     ),
 ];
 
@@ -129,7 +133,7 @@ impl ExpandableConfig {
     /// `handle_cache_limit_mb`, `remap_defrag`, `remap_before_create`, `sync_only_after_frees`,
     /// `pressure_tail`, `borrow_across_pools`, `va_factor`, `small_page_mb`, `large_page_mb`,
     /// `park_remaps`, `front_cache`, `best_fit_growth`, `reuse_last_free`, `drain_after_sync`,
-    /// `harvest_lowest_first` (booleans are `true`/`false`, sizes in MiB). A key neither PyTorch nor this crate knows is an error that
+    /// `harvest_lowest_first`, `give_back_before_foreign_sync` (booleans are `true`/`false`, sizes in MiB). A key neither PyTorch nor this crate knows is an error that
     /// lists ours; the result is [validated](Self::validate). Only the keys given change.
     ///
     /// ```
@@ -185,6 +189,9 @@ impl ExpandableConfig {
                 "reuse_last_free" => c.reuse_last_free = flag(key, value)?,
                 "drain_after_sync" => c.drain_after_sync = flag(key, value)?,
                 "harvest_lowest_first" => c.harvest_lowest_first = flag(key, value)?,
+                "give_back_before_foreign_sync" => {
+                    c.give_back_before_foreign_sync = flag(key, value)?
+                }
                 _ => unreachable!("every key of OWN_KEYS is matched above"),
             }
         }
@@ -204,7 +211,8 @@ mod tests {
                    sync_only_after_frees:false,pressure_tail:false,borrow_across_pools:false,\
                    va_factor:2,small_page_mb:4,large_page_mb:8,park_remaps:false,front_cache:true,\
                    best_fit_growth:false,reuse_last_free:false,\
-                   drain_after_sync:true,harvest_lowest_first:false";
+                   drain_after_sync:true,harvest_lowest_first:false,\
+                   give_back_before_foreign_sync:true";
         let c = ExpandableConfig::default().with_settings(all).unwrap();
         let expected = ExpandableConfig {
             headroom_fraction: 0.03,
@@ -225,6 +233,7 @@ mod tests {
             reuse_last_free: false,
             drain_after_sync: true,
             harvest_lowest_first: false,
+            give_back_before_foreign_sync: true,
             ..ExpandableConfig::default()
         };
         assert_eq!(c, expected);

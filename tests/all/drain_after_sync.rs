@@ -7,7 +7,7 @@
 //! (a remap of O's page, after O's synchronization), O frees a third, the default stream asks
 //! for 20 MiB again.
 
-use crate::expandable_pressure::on_device;
+use crate::expandable_pressure::other_stream_frees_two_pages;
 use vmm_alloc::backend::{Backend, CallKind};
 use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::{Allocator, StreamId};
@@ -17,14 +17,7 @@ const S0: StreamId = StreamId::DEFAULT;
 
 /// Synchronizations the scenario costs with `config`, and the device's free bytes at its end.
 fn scenario(config: ExpandableConfig) -> (u64, usize) {
-    let other = StreamId::sim(9);
-    let a = on_device(100 * MB, config);
-    let mut o: Vec<_> = (0..4)
-        .map(|_| a.allocate(20 * MB, other).unwrap())
-        .collect();
-    let s1 = a.allocate(20 * MB, S0).unwrap();
-    a.deallocate(o.remove(0)).unwrap();
-    a.deallocate(o.remove(0)).unwrap();
+    let (a, mut o, s1) = other_stream_frees_two_pages(config);
     let s2 = a.allocate(20 * MB, S0).unwrap();
     a.deallocate(o.remove(0)).unwrap();
     let s3 = a.allocate(20 * MB, S0).unwrap();

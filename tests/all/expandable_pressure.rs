@@ -4,10 +4,28 @@
 
 use vmm_alloc::backend::{SimBackend, SimConfig};
 use vmm_alloc::config::ExpandableConfig;
-use vmm_alloc::{Allocator, ExpandableAllocator, StreamId};
+use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, StreamId};
 
 const MB: usize = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
+
+/// The several-streams scenario of `drain_after_sync.rs` and `give_back_before_foreign_sync.rs`,
+/// on a 100 MiB device of 20 MiB pages: stream 9 holds four 20 MiB blocks and the default stream
+/// one, so the device is full; stream 9 frees two. Returns the allocator, stream 9's two blocks
+/// left and the default stream's block.
+pub(crate) fn other_stream_frees_two_pages(
+    config: ExpandableConfig,
+) -> (ExpandableAllocator<SimBackend>, Vec<Allocation>, Allocation) {
+    let other = StreamId::sim(9);
+    let a = on_device(100 * MB, config);
+    let mut o: Vec<_> = (0..4)
+        .map(|_| a.allocate(20 * MB, other).unwrap())
+        .collect();
+    let s1 = a.allocate(20 * MB, S0).unwrap();
+    a.deallocate(o.remove(0)).unwrap();
+    a.deallocate(o.remove(0)).unwrap();
+    (a, o, s1)
+}
 
 /// Ours on a Sim device of `capacity` bytes.
 pub(crate) fn on_device(

@@ -10,6 +10,7 @@ mod expandable_regressions;
 mod expandable_rollback;
 mod foreign_frees;
 mod front_cache;
+mod give_back_before_foreign_sync;
 mod harvest_order;
 mod last_free;
 mod model;

@@ -2,7 +2,7 @@
 
 use super::*;
 use vmm_replay::native::write_native;
-use vmm_replay::{Event, StartState, Trace};
+use vmm_replay::{Event, Trace};
 
 /// Classic's fragmentation: 100 MiB cached, a 30 MiB request splits it, the next 100 MiB needs
 /// a second segment (200 MiB reserved for 130 MiB live). `max_split_size_mb:64` keeps the
@@ -118,27 +118,18 @@ fn a_bad_conf_names_the_key_or_value() {
 
 /// 40 MiB live, then the program's request of 50 MiB failed (a recorded `oom` entry).
 fn failed_run() -> Vec<u8> {
-    let t = Trace {
-        name: "failed".into(),
-        initial: vec![],
-        events: vec![
-            Event::Alloc {
-                id: 0,
-                size: 40 * MIB,
-                stream: 7,
-            },
-            Event::FailedAlloc {
-                size: 50 * MIB,
-                stream: 7,
-            },
-        ],
-        start: StartState::Empty,
-        skipped_frees: 0,
-        recorded: None,
-        alloc_conf: None,
-        skipped: Default::default(),
-    };
-    write_native(&t)
+    let events = vec![
+        Event::Alloc {
+            id: 0,
+            size: 40 * MIB,
+            stream: 7,
+        },
+        Event::FailedAlloc {
+            size: 50 * MIB,
+            stream: 7,
+        },
+    ];
+    write_native(&Trace::from_events("failed", events))
 }
 
 #[test]
@@ -254,4 +245,62 @@ fn advise_says_when_no_setting_can_fit() {
         .unwrap()
         .iter()
         .all(|c| c["fits"] == false));
+}
+
+/// The give-back scenario of `tests/all/give_back_before_foreign_sync.rs` as a trace: stream 9
+/// holds four 20 MiB blocks and the default stream one (100 MiB), stream 9 frees two, the
+/// default stream asks for 20 MiB more.
+fn two_stream_trace() -> Trace {
+    let alloc = |id, stream| Event::Alloc {
+        id,
+        size: 20 * MIB,
+        stream,
+    };
+    let mut events: Vec<Event> = (0..4).map(|id| alloc(id, 9)).collect();
+    events.extend([
+        alloc(4, 0),
+        Event::Free { id: 0 },
+        Event::Free { id: 1 },
+        alloc(5, 0),
+    ]);
+    Trace::from_events("two-streams", events)
+}
+
+#[test]
+fn advise_tries_ours_several_streams_setting_only_where_there_are_several_streams() {
+    use vmm_replay::advise::{candidates, candidates_for, evaluate, SEVERAL_STREAMS_SETTING};
+    use vmm_replay::replay::Policy;
+    let two = two_stream_trace();
+    let mut one = two.clone();
+    for e in &mut one.events {
+        if let Event::Alloc { stream, .. } = e {
+            *stream = 0;
+        }
+    }
+    assert_eq!(
+        candidates_for(&one),
+        candidates(),
+        "one stream: nothing to add"
+    );
+    let list = candidates_for(&two);
+    assert_eq!(list.len(), candidates().len() + 1);
+    let extra = list.last().unwrap();
+    assert_eq!(extra.policy, Policy::Expandable);
+    assert_eq!(extra.change.as_deref(), Some(SEVERAL_STREAMS_SETTING));
+    assert_eq!(
+        extra.name(),
+        "vmm-alloc (ours) give_back_before_foreign_sync:true"
+    );
+    // The setting reaches the allocator: on a 100 MiB device ours remaps one of stream 9's
+    // free pages; with it, ours gives both back and retries once, as PyTorch does.
+    let ours = list
+        .iter()
+        .find(|c| c.policy == Policy::Expandable && c.change.is_none())
+        .unwrap();
+    let plain = evaluate(&two, ours, 100 * MIB as usize).unwrap();
+    let given = evaluate(&two, extra, 100 * MIB as usize).unwrap();
+    assert_eq!((plain.at_capacity.ooms, given.at_capacity.ooms), (0, 0));
+    assert_eq!(plain.at_capacity.alloc_retries, 0);
+    assert_eq!(given.at_capacity.alloc_retries, 1);
+    assert_eq!(given.at_capacity.settings, SEVERAL_STREAMS_SETTING);
 }

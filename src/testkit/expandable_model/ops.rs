@@ -112,7 +112,8 @@ pub fn op_strategy() -> impl Strategy<Value = Op> {
 }
 
 /// Configurations: ours, PyTorch's expandable segments, small pages, a small handle cache, most
-/// growths under pressure, and power-of-two rounding.
+/// growths under pressure (with and without remapping other streams' pages), and power-of-two
+/// rounding.
 pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
     prop_oneof![
         Just(ExpandableConfig::default()),
@@ -127,6 +128,13 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
         }),
         // Most growths under pressure (Note [Headroom]): remap before create, exact tails.
         Just(ExpandableConfig {
+            headroom_fraction: 0.75,
+            ..ExpandableConfig::default()
+        }),
+        // Several streams under pressure giving every free page back rather than synchronizing
+        // another stream to remap its pages (Note [Give back before foreign sync]).
+        Just(ExpandableConfig {
+            give_back_before_foreign_sync: true,
             headroom_fraction: 0.75,
             ..ExpandableConfig::default()
         }),

@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::{json, Value};
 use vmm_alloc::backend::CallKind;
 use vmm_alloc::units::human_bytes;
-use vmm_replay::advise::{candidates, default_capacity, recommend, sweep, Verdict};
+use vmm_replay::advise::{candidates_for, default_capacity, recommend, sweep, Verdict};
 
 use crate::args::parse_size;
 
@@ -63,7 +63,7 @@ pub fn run(args: &AdviseArgs) -> Result<(), String> {
     };
     let cap = usize::try_from(capacity)
         .map_err(|_| "--capacity does not fit this machine's address size".to_string())?;
-    let list = candidates();
+    let list = candidates_for(&trace);
     let threads = args.threads.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });

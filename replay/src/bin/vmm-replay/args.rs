@@ -70,7 +70,8 @@ pub struct Args {
     /// Ours (expandable) also takes its own keys: headroom_fraction, headroom_mb, handle_cache,
     /// handle_cache_limit_mb, remap_defrag, remap_before_create, sync_only_after_frees,
     /// pressure_tail, borrow_across_pools, park_remaps, front_cache, best_fit_growth,
-    /// reuse_last_free, drain_after_sync, harvest_lowest_first (true/false),
+    /// reuse_last_free, drain_after_sync, harvest_lowest_first, give_back_before_foreign_sync
+    /// (true/false),
     /// va_factor, small_page_mb,
     /// large_page_mb (e.g. expandable=remap_before_create:true,headroom_fraction:0.02). An allocator named here and
     /// not in --allocators is added.

@@ -1,0 +1,93 @@
+//! Note [Give back before foreign sync] (`src/expandable/growth.rs`): with
+//! `give_back_before_foreign_sync`, a pressured growth that could only go on by synchronizing
+//! another stream to remap its free pages gives every free page back and retries instead (as
+//! PyTorch's policy does), while the growing stream's own free pages are still remapped without
+//! a synchronization.
+//!
+//! The scenario, on a 100 MiB device of 20 MiB pages: stream O holds four 20 MiB blocks and the
+//! default stream one, so the device is full; O frees two, and the default stream asks for
+//! 20 MiB.
+
+use crate::expandable_pressure::{on_device, other_stream_frees_two_pages};
+use vmm_alloc::backend::{Backend, CallKind};
+use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::stats::MemoryStats;
+use vmm_alloc::{Allocator, StreamId};
+
+const MB: usize = 1 << 20;
+const S0: StreamId = StreamId::DEFAULT;
+
+fn give_back() -> ExpandableConfig {
+    ExpandableConfig {
+        give_back_before_foreign_sync: true,
+        ..ExpandableConfig::default()
+    }
+}
+
+/// The statistics after the default stream's request, and the device's free bytes then.
+fn foreign_pages_needed(config: ExpandableConfig) -> (MemoryStats, usize) {
+    let (a, o, s1) = other_stream_frees_two_pages(config);
+    let s2 = a.allocate(20 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    let stats = a.stats();
+    let free = 100 * MB - a.with_backend(|s| s.live()).physical_bytes;
+    for b in o.into_iter().chain([s1, s2]) {
+        a.deallocate(b).unwrap();
+    }
+    a.empty_cache().unwrap();
+    assert_eq!(a.with_backend(|s| s.live()).physical_bytes, 0);
+    (stats, free)
+}
+
+#[test]
+fn another_streams_pages_are_given_back_instead_of_remapped() {
+    let (remapped, free_remapped) = foreign_pages_needed(ExpandableConfig::default());
+    let (given, free_given) = foreign_pages_needed(give_back());
+    // The default: one of O's pages is remapped after O's synchronization, the other stays
+    // mapped and free on O.
+    assert_eq!(remapped.remapped_bytes, 20 * MB as u64);
+    assert_eq!(remapped.num_alloc_retries, 0);
+    assert_eq!(remapped.calls.calls(CallKind::Synchronize), 1);
+    assert_eq!(free_remapped, 0, "the device stays full");
+    // Given back: both of O's free pages go back to the device (one synchronization of O), and
+    // the request is served by a new page.
+    assert_eq!(given.remapped_bytes, 0, "nothing remapped");
+    assert_eq!(given.num_alloc_retries, 1, "PyTorch's give-back-and-retry");
+    assert_eq!(given.calls.calls(CallKind::Synchronize), 1);
+    assert_eq!(free_given, 20 * MB, "O's second free page went back too");
+    assert_eq!(given.num_ooms, 0);
+    assert_eq!(
+        given.allocated_bytes.all.current, remapped.allocated_bytes.all.current,
+        "the same blocks are live"
+    );
+}
+
+#[test]
+fn the_growing_streams_own_pages_are_still_remapped_without_a_synchronization() {
+    // One stream fills the device, frees two separate pages and asks for two pages' worth: both
+    // of its own free pages are remapped (parked), with or without the setting.
+    let run = |config: ExpandableConfig| {
+        let a = on_device(100 * MB, config);
+        let mut b: Vec<_> = (0..5).map(|_| a.allocate(20 * MB, S0).unwrap()).collect();
+        a.deallocate(b.remove(3)).unwrap();
+        a.deallocate(b.remove(1)).unwrap();
+        let big = a.allocate(40 * MB, S0).unwrap();
+        a.check_invariants().unwrap();
+        let stats = a.stats();
+        for x in b.into_iter().chain([big]) {
+            a.deallocate(x).unwrap();
+        }
+        stats
+    };
+    let (default, given) = (run(ExpandableConfig::default()), run(give_back()));
+    assert_eq!(given.remapped_bytes, 40 * MB as u64);
+    assert_eq!(
+        given.num_alloc_retries, 0,
+        "no give-back for the own stream's pages"
+    );
+    assert_eq!(given.calls.calls(CallKind::Synchronize), 0);
+    assert_eq!(
+        given.calls, default.calls,
+        "the setting changes nothing on one stream"
+    );
+}
