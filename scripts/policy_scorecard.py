@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Judge policy variants of ours on every case at once (issue 19: "any fix must be judged on the
+servers, the several-streams cases and the shared traces at once, never on one case"):
+
+    python3 scripts/policy_scorecard.py [--variant SETTINGS]... [--seeds 1-12] [--groups ...]
+
+Each variant is a `vmm-replay --conf expandable=SETTINGS` string (the empty string is ours'
+defaults, always included first). Every case runs once, classic, pytorch-expandable and every
+variant side by side in one `vmm-replay --min-capacity --json` call (in parallel over the
+cases): the 23 shared traces (`../shared/traces/pytorch`, where present) and the generated
+workloads of each group, on the seeds given. Prints one Markdown row per group and variant:
+cases, min capacity summed (and pytorch-expandable's), on how many cases ours needs more than
+pytorch-expandable (and the largest excess), more than classic, more stream synchronizations
+and more driver calls at min capacity than pytorch-expandable. Issue 19's goals 1 and 3 ask
+for zero in the last four columns.
+
+Groups: shared, servers (inference-server, inference-server-4), streams (multi-stream,
+two-streams, ten-streams), programs (qlora, unet3d-training, empty-cache-training).
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MIB = 1 << 20
+GROUPS = {
+    "servers": ["inference-server", "inference-server-4"],
+    "streams": ["multi-stream", "two-streams", "ten-streams"],
+    "programs": ["qlora", "unet3d-training", "empty-cache-training"],
+}
+
+
+def seeds(text):
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def figures(run):
+    """Min capacity (MiB), synchronizations and driver calls at it."""
+    if run["min_capacity_bytes"] is None:
+        sys.exit(f"{run['allocator']} ({run['settings']}): {run.get('min_capacity_note')}")
+    at_min = run["at_min_capacity"] or {}
+    return (
+        run["min_capacity_bytes"] // MIB,
+        at_min.get("driver_calls_by_kind", {}).get("cuStreamSynchronize", 0),
+        at_min.get("driver_calls", 0),
+    )
+
+
+def replay(binary, inputs, variants):
+    """Per trace: classic's and pytorch-expandable's figures, and each variant's, in order."""
+    cmd = [binary, *inputs, "--min-capacity", "--json"]
+    for v in variants:
+        cmd += ["--conf", f"expandable={v}"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    cases = []
+    for t in json.loads(out)["traces"]:
+        runs = t["allocators"]
+        by = {a["allocator"]: a for a in runs}
+        ours = [a for a in runs if a["allocator"] == "expandable"]
+        if len(ours) != len(variants):
+            sys.exit(f"{t['trace']}: {len(ours)} runs of ours for {len(variants)} variants")
+        cases.append((figures(by["classic"]), figures(by["pytorch-expandable"]),
+                      [figures(a) for a in ours]))
+    return cases
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variant", action="append", default=[],
+                   help="settings of ours to judge beside its defaults (repeatable)")
+    p.add_argument("--seeds", type=seeds, default=seeds("1-12"),
+                   help="seeds of the generated workloads (default 1-12)")
+    p.add_argument("--groups", nargs="+", default=["shared", *GROUPS],
+                   choices=["shared", *GROUPS])
+    args = p.parse_args()
+    variants = ["", *args.variant]
+    subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "vmm-replay"],
+                   cwd=ROOT, check=True)
+    binary = os.path.join(ROOT, "target", "release", "vmm-replay")
+    jobs = []  # (group, inputs)
+    if "shared" in args.groups:
+        traces = sorted(glob.glob(os.path.join(ROOT, "..", "shared", "traces", "pytorch",
+                                               "*.pickle")))
+        if traces:
+            jobs.append(("shared", traces))
+        else:
+            print("no ../shared/traces/pytorch: the shared group is left out", file=sys.stderr)
+    for group in args.groups:
+        for w in GROUPS.get(group, []):
+            jobs += [(group, ["--workload", w, "--seed", str(s)]) for s in args.seeds]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        results = list(pool.map(lambda j: replay(binary, j[1], variants), jobs))
+    print("| group | variant | cases | Σ min MiB (pt-exp) | > pt-exp (worst MiB) | > classic "
+          "| syncs > pt-exp | calls > pt-exp |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|")
+    for group in dict.fromkeys(g for g, _ in jobs):
+        cases = [c for (g, _), r in zip(jobs, results) if g == group for c in r]
+        for i, v in enumerate(variants):
+            ours = [(cl, pt, o[i]) for cl, pt, o in cases]
+            excess = [o[0] - pt[0] for _, pt, o in ours if o[0] > pt[0]]
+            row = [
+                group, f"`{v}`" if v else "defaults", str(len(ours)),
+                f"{sum(o[0] for _, _, o in ours):,} ({sum(pt[0] for _, pt, _ in ours):,})",
+                f"{len(excess)} ({max(excess, default=0)})",
+                str(sum(o[0] > cl[0] for cl, _, o in ours)),
+                str(sum(o[1] > pt[1] for _, pt, o in ours)),
+                str(sum(o[2] > pt[2] for _, pt, o in ours)),
+            ]
+            print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
