@@ -85,10 +85,18 @@ pub fn candidates() -> Vec<Candidate> {
 /// streams, where it can change something.
 pub const SEVERAL_STREAMS_SETTING: &str = "give_back_before_foreign_sync:true";
 
-/// The sweep for `trace`: [`candidates`], and, when the trace allocates on more than one stream,
-/// ours with [`SEVERAL_STREAMS_SETTING`] too.
+/// Ours' setting for a device nearly full (Note [Fine pages] in vmm-alloc's
+/// `expandable/growth.rs`): 2 MiB pages for what is mapped past three quarters of it.
+pub const NEAR_FULL_SETTING: &str = "fine_pages_above:0.75";
+
+/// The sweep for `trace`: [`candidates`], ours with [`NEAR_FULL_SETTING`], and, when the trace
+/// allocates on more than one stream, ours with [`SEVERAL_STREAMS_SETTING`] too.
 pub fn candidates_for(trace: &Trace) -> Vec<Candidate> {
     let mut out = candidates();
+    out.push(Candidate {
+        policy: Policy::Expandable,
+        change: Some(NEAR_FULL_SETTING.to_string()),
+    });
     let mut streams = trace
         .initial
         .iter()

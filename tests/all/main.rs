@@ -8,6 +8,7 @@ mod expandable_behaviour;
 mod expandable_pressure;
 mod expandable_regressions;
 mod expandable_rollback;
+mod fine_pages;
 mod foreign_frees;
 mod front_cache;
 mod give_back_before_foreign_sync;

@@ -268,7 +268,9 @@ fn two_stream_trace() -> Trace {
 
 #[test]
 fn advise_tries_ours_several_streams_setting_only_where_there_are_several_streams() {
-    use vmm_replay::advise::{candidates, candidates_for, evaluate, SEVERAL_STREAMS_SETTING};
+    use vmm_replay::advise::{
+        candidates, candidates_for, evaluate, Candidate, NEAR_FULL_SETTING, SEVERAL_STREAMS_SETTING,
+    };
     use vmm_replay::replay::Policy;
     let two = two_stream_trace();
     let mut one = two.clone();
@@ -277,13 +279,24 @@ fn advise_tries_ours_several_streams_setting_only_where_there_are_several_stream
             *stream = 0;
         }
     }
+    // Ours with fine pages near the device's end is tried on every trace.
+    let near_full = |list: &[Candidate]| {
+        let fine = |c: &&Candidate| c.change.as_deref() == Some(NEAR_FULL_SETTING);
+        list.iter()
+            .filter(|c| c.policy == Policy::Expandable)
+            .filter(fine)
+            .count()
+    };
+    let single = candidates_for(&one);
     assert_eq!(
-        candidates_for(&one),
-        candidates(),
-        "one stream: nothing to add"
+        single.len(),
+        candidates().len() + 1,
+        "one stream: fine pages only"
     );
+    assert_eq!(near_full(&single), 1);
     let list = candidates_for(&two);
-    assert_eq!(list.len(), candidates().len() + 1);
+    assert_eq!(list.len(), candidates().len() + 2);
+    assert_eq!(near_full(&list), 1);
     let extra = list.last().unwrap();
     assert_eq!(extra.policy, Policy::Expandable);
     assert_eq!(extra.change.as_deref(), Some(SEVERAL_STREAMS_SETTING));

@@ -112,8 +112,8 @@ pub fn op_strategy() -> impl Strategy<Value = Op> {
 }
 
 /// Configurations: ours, PyTorch's expandable segments, small pages, a small handle cache, most
-/// growths under pressure (with and without remapping other streams' pages), and power-of-two
-/// rounding.
+/// growths under pressure (with and without remapping other streams' pages), fine pages past
+/// half the device, and power-of-two rounding.
 pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
     prop_oneof![
         Just(ExpandableConfig::default()),
@@ -136,6 +136,11 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
         Just(ExpandableConfig {
             give_back_before_foreign_sync: true,
             headroom_fraction: 0.75,
+            ..ExpandableConfig::default()
+        }),
+        // 2 MiB large pages once past half the device (Note [Fine pages]).
+        Just(ExpandableConfig {
+            fine_pages_above: 0.5,
             ..ExpandableConfig::default()
         }),
         // Power-of-two rounding in the intervals the sizes reach (below 2 MiB: 2 steps, 2-4 MiB:

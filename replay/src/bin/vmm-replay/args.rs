@@ -72,7 +72,7 @@ pub struct Args {
     /// pressure_tail, borrow_across_pools, park_remaps, front_cache, best_fit_growth,
     /// reuse_last_free, drain_after_sync, harvest_lowest_first, give_back_before_foreign_sync
     /// (true/false),
-    /// va_factor, small_page_mb,
+    /// va_factor, fine_pages_above (a fraction), small_page_mb,
     /// large_page_mb (e.g. expandable=remap_before_create:true,headroom_fraction:0.02). An allocator named here and
     /// not in --allocators is added.
     #[arg(long, value_name = "ALLOCATOR=SETTINGS")]
