@@ -86,17 +86,18 @@ pub fn candidates() -> Vec<Candidate> {
 pub const SEVERAL_STREAMS_SETTING: &str = "give_back_before_foreign_sync:true";
 
 /// Ours' setting for a device nearly full (Note [Fine pages] in vmm-alloc's
-/// `expandable/growth.rs`): 2 MiB pages for what is mapped past three quarters of it.
-pub const NEAR_FULL_SETTING: &str = "fine_pages_above:0.75";
+/// `expandable/growth.rs`): 2 MiB pages for what is mapped past 85 % of it.
+pub const NEAR_FULL_SETTING: &str = "fine_pages_above:0.85";
 
 /// The sweep for `trace`: [`candidates`], ours with [`NEAR_FULL_SETTING`], and, when the trace
-/// allocates on more than one stream, ours with [`SEVERAL_STREAMS_SETTING`] too.
+/// allocates on more than one stream, ours with [`SEVERAL_STREAMS_SETTING`] and with both.
 pub fn candidates_for(trace: &Trace) -> Vec<Candidate> {
     let mut out = candidates();
-    out.push(Candidate {
+    let ours = |change: String| Candidate {
         policy: Policy::Expandable,
-        change: Some(NEAR_FULL_SETTING.to_string()),
-    });
+        change: Some(change),
+    };
+    out.push(ours(NEAR_FULL_SETTING.to_string()));
     let mut streams = trace
         .initial
         .iter()
@@ -107,10 +108,10 @@ pub fn candidates_for(trace: &Trace) -> Vec<Candidate> {
         }));
     let first = streams.next();
     if streams.any(|s| Some(s) != first) {
-        out.push(Candidate {
-            policy: Policy::Expandable,
-            change: Some(SEVERAL_STREAMS_SETTING.to_string()),
-        });
+        out.push(ours(SEVERAL_STREAMS_SETTING.to_string()));
+        out.push(ours(format!(
+            "{NEAR_FULL_SETTING},{SEVERAL_STREAMS_SETTING}"
+        )));
     }
     out
 }

@@ -295,9 +295,14 @@ fn advise_tries_ours_several_streams_setting_only_where_there_are_several_stream
     );
     assert_eq!(near_full(&single), 1);
     let list = candidates_for(&two);
-    assert_eq!(list.len(), candidates().len() + 2);
+    assert_eq!(list.len(), candidates().len() + 3);
     assert_eq!(near_full(&list), 1);
-    let extra = list.last().unwrap();
+    let both = list.last().unwrap();
+    assert_eq!(
+        both.name(),
+        "vmm-alloc (ours) fine_pages_above:0.85,give_back_before_foreign_sync:true"
+    );
+    let extra = &list[list.len() - 2];
     assert_eq!(extra.policy, Policy::Expandable);
     assert_eq!(extra.change.as_deref(), Some(SEVERAL_STREAMS_SETTING));
     assert_eq!(
