@@ -159,16 +159,23 @@ pub fn evaluate(
         };
         replay(trace, candidate.policy, &roomy)?.peak_reserved_bytes as usize
     };
-    let min = min_capacity(
+    let quiet = ReplayOptions {
+        diagnose: false,
+        ..opts.clone()
+    };
+    let mut min = min_capacity(
         trace,
         candidate.policy,
-        &ReplayOptions {
-            diagnose: false,
-            ..opts.clone()
-        },
+        &quiet,
         upper.max(CAPACITY_STEP),
         CAPACITY_STEP,
     )?;
+    if min.is_none() && at_capacity.ooms == 0 && capacity > upper {
+        // A policy whose decisions depend on the device's size (ours' fine pages past a
+        // fraction of it) may not fit on a device of exactly the peak it reached on a larger
+        // one; it fits on the capacity asked for, so the bisection starts there.
+        min = min_capacity(trace, candidate.policy, &quiet, capacity, CAPACITY_STEP)?;
+    }
     Ok(Verdict {
         candidate: candidate.clone(),
         at_capacity,

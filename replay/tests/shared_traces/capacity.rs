@@ -20,6 +20,10 @@ pub const TESTS: &[(&str, SharedTest)] = &[
         "capacity::reusing_the_last_free_fits_a_training_loop_in_less",
         reusing_the_last_free_fits_a_training_loop_in_less,
     ),
+    (
+        "capacity::advise_finds_a_minimum_for_every_configuration_that_fits",
+        advise_finds_a_minimum_for_every_configuration_that_fits,
+    ),
 ];
 
 /// The bisection's step, as `vmm-replay --min-capacity`.
@@ -117,17 +121,7 @@ fn ours_never_needs_more_than_either_pytorch_policy(shared: &Shared) -> Result<C
 fn reusing_the_last_free_fits_a_training_loop_in_less(
     shared: &Shared,
 ) -> Result<Completion, Failed> {
-    let file = shared
-        .pickles("traces/pytorch")?
-        .into_iter()
-        .find(|f| f.to_string_lossy().contains("cs336-medium-ctx128-train"))
-        .ok_or("cs336-medium-ctx128-train is not among the shared traces")?;
-    let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
-    let traces = read_snapshot(&bytes, "medium").map_err(|e| format!("medium: {e}"))?;
-    let trace = traces
-        .iter()
-        .find(|t| !t.events.is_empty())
-        .ok_or("no device trace with events")?;
+    let trace = &device_trace(shared, "cs336-medium-ctx128-train")?;
     let min = |settings: Option<&str>| -> Result<usize, Failed> {
         let opts = ReplayOptions {
             settings: settings.map(str::to_string),
@@ -148,4 +142,45 @@ fn reusing_the_last_free_fits_a_training_loop_in_less(
         return Err(format!("with {with} B, without {without} B: no gain").into());
     }
     Ok(Completion::Completed)
+}
+
+/// `advise` gives every configuration that fits the device a minimum capacity. Ours with fine
+/// pages decides by the device's size, so on `cs336-forward-bf16-b` it does not fit on a device
+/// of the 40.88 GiB it peaked at on 48 GiB: the bisection must start from the capacity that fits.
+fn advise_finds_a_minimum_for_every_configuration_that_fits(
+    shared: &Shared,
+) -> Result<Completion, Failed> {
+    use vmm_replay::advise::{candidates_for, default_capacity, evaluate, NEAR_FULL_SETTING};
+    let trace = &device_trace(shared, "cs336-forward-bf16-b")?;
+    let (capacity, _) = default_capacity(trace);
+    let fine = candidates_for(trace)
+        .into_iter()
+        .find(|c| c.change.as_deref() == Some(NEAR_FULL_SETTING))
+        .ok_or("advise does not try fine pages")?;
+    let v = evaluate(trace, &fine, capacity as usize).map_err(|e| format!("{e}"))?;
+    if !v.fits() {
+        return Err(format!("{} does not fit in {capacity} B", fine.name()).into());
+    }
+    let min = v
+        .min_capacity
+        .ok_or("fits, but no minimum capacity found")?;
+    if min > v.at_capacity.peak_reserved_bytes.max(capacity) {
+        return Err(format!("minimum {min} B above the capacity it fits in").into());
+    }
+    Ok(Completion::Completed)
+}
+
+/// The device trace with events of the shared trace whose file name holds `name`.
+fn device_trace(shared: &Shared, name: &str) -> Result<vmm_replay::Trace, Failed> {
+    let file = shared
+        .pickles("traces/pytorch")?
+        .into_iter()
+        .find(|f| f.to_string_lossy().contains(name))
+        .ok_or(format!("{name} is not among the shared traces"))?;
+    let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let traces = read_snapshot(&bytes, name).map_err(|e| format!("{name}: {e}"))?;
+    traces
+        .into_iter()
+        .find(|t| !t.events.is_empty())
+        .ok_or_else(|| "no device trace with events".into())
 }
