@@ -162,12 +162,19 @@ impl<B: Backend> State<B> {
         page.max(1).next_multiple_of(self.granularity)
     }
 
-    /// Note [Fine pages]: the page of a large-pool growth that takes the allocator above
-    /// `fine_pages_above` of its limit: the granularity.
-    fn fine_page(&self, pool: PoolKind, rounded: usize) -> Option<usize> {
+    /// The page a growth of `rounded` bytes maps: the pool's, or the granularity for a
+    /// large-pool growth that takes the allocator above `fine_pages_above` of its limit
+    /// (Note [Fine pages]).
+    fn growth_page(&self, pool: PoolKind, rounded: usize) -> usize {
         let above = self.config.fine_pages_above;
-        let high = (self.in_use(0).saturating_add(rounded)) as f64 > above * self.limit as f64;
-        (pool == PoolKind::Large && above < 1.0 && high).then_some(self.granularity)
+        let fine = pool == PoolKind::Large
+            && above < 1.0
+            && self.in_use(0).saturating_add(rounded) as f64 > above * self.limit as f64;
+        if fine {
+            self.granularity
+        } else {
+            self.page_for(pool)
+        }
     }
 
     /// Grows a segment of (stream, pool) so that the returned free piece (and the slot of the
@@ -178,7 +185,7 @@ impl<B: Backend> State<B> {
         pool: PoolKind,
         rounded: usize,
     ) -> Result<(u32, PieceId), GrowFail> {
-        let page = self.fine_page(pool, rounded).unwrap_or(self.page_for(pool));
+        let page = self.growth_page(pool, rounded);
         let target = match self.choose_target(stream, pool, rounded) {
             Some(t) => t,
             None => self.new_segment(stream, pool, rounded, page)?,

@@ -267,7 +267,7 @@ fn two_stream_trace() -> Trace {
 }
 
 #[test]
-fn advise_tries_ours_several_streams_setting_only_where_there_are_several_streams() {
+fn advise_tries_fine_pages_everywhere_and_the_several_streams_setting_only_with_several_streams() {
     use vmm_replay::advise::{
         candidates, candidates_for, evaluate, Candidate, NEAR_FULL_SETTING, SEVERAL_STREAMS_SETTING,
     };
