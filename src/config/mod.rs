@@ -107,7 +107,7 @@ pub struct ExpandableConfig {
     /// wait for a synchronization. Default on. PyTorch: off (it synchronizes before every
     /// unmap).
     pub park_remaps: bool,
-    /// A per-stream front cache (Note \[Front cache\] in `expandable/front.rs`): a block freed
+    /// A per-stream front cache (Note \[Front cache\] in `expandable/front/mod.rs`): a block freed
     /// with [`Allocator::deallocate`](crate::Allocator::deallocate) is stashed on its stream, and
     /// an allocation on that stream of the same size takes it back, neither taking the
     /// allocator's lock, so threads on different streams scale. Statistics stay exact; which

@@ -78,6 +78,14 @@ impl<B: Backend> State<B> {
         })
     }
 
+    /// Whether `allocate` would serve a request of `rounded` bytes of `pool` on `stream` from a
+    /// free range of the stream's own segment: no growth, no borrowing (the front cache's slow
+    /// allocation then leaves its stash alone: Note [Front cache]).
+    pub(crate) fn fits_free(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> bool {
+        self.find_free(self.index.find(StreamPool { stream, pool }), rounded)
+            .is_some()
+    }
+
     /// Best fit: the smallest free range of a (stream, pool) that holds `rounded`, lowest address
     /// on ties. With `faithful_oversize`, PyTorch's `max_split_size` rules apply.
     /// `slot`: the (stream, pool)'s index slot, if it has one. Returns the slot and the range's

@@ -10,7 +10,7 @@
 //!
 //! Threads: one state behind one lock; with [`ExpandableConfig::front_cache`] on, a per-stream
 //! front cache in front of it serves a free and an identical allocation on one stream without
-//! that lock (Note \[Front cache\] in `front.rs`).
+//! that lock (Note \[Front cache\] in `front/mod.rs`, Note \[Front allowance\] in `front/allowance.rs`).
 
 mod allocate;
 mod check;
@@ -100,14 +100,15 @@ impl<B: Backend> ExpandableAllocator<B> {
     }
 
     /// Runs `f` on the state with every stashed block given back to it first (Note [Front
-    /// cache]): the slow path of every call but `config`, `with_backend` and `held_bytes`, which
-    /// read what a stashed block does not change.
+    /// cache]): the slow path of every call but `allocate` (`front::allocate`), `config`,
+    /// `with_backend` and `held_bytes`, which read what a stashed block does not change.
     fn slow<T>(&self, f: impl FnOnce(&mut State<B>, &mut front::AllShards<'_>) -> T) -> T {
         let mut state = self.state.lock();
         let mut shards = self.front.lock_all();
         front::flush(&mut state, &mut shards);
         let out = f(&mut state, &mut shards);
         front::note_events(&state, &mut shards);
+        front::hand_out_allowances(&state, &mut shards);
         out
     }
 
@@ -154,11 +155,12 @@ impl<B: Backend> Allocator for ExpandableAllocator<B> {
                 });
             }
         }
-        self.slow(|state, shards| {
-            let a = state.allocate(size, stream)?;
-            front::after_allocate(state, shards, a.ptr.get(), a.size);
-            Ok(a)
-        })
+        let mut state = self.state.lock();
+        let mut shards = self.front.lock_all();
+        let out = front::allocate(&mut state, &mut shards, size, stream, self.owner);
+        front::note_events(&state, &mut shards);
+        front::hand_out_allowances(&state, &mut shards);
+        out
     }
 
     fn deallocate(&self, allocation: Allocation) -> Result<(), AllocError> {

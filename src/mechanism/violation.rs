@@ -129,6 +129,10 @@ pub enum InvariantViolation {
         /// The sum over the state.
         sum: u64,
     },
+    /// The front cache's allowances do not fit below the peaks (Note \[Front allowance\] in
+    /// `expandable/front/allowance.rs`): a user reads more of a block counter than its peak, or
+    /// the shards may take back more without the lock than the room left below the peaks.
+    FrontAllowance,
     /// A pool's allocated bytes exceed its reserved bytes.
     AllocatedAboveReserved {
         /// The pool.
@@ -203,6 +207,10 @@ impl fmt::Display for InvariantViolation {
             V::Count { what, kept, found } => {
                 write!(f, "{what}: {kept} counted, {found} found")
             }
+            V::FrontAllowance => write!(
+                f,
+                "the front cache's allowances fit below the peaks: a user reads at most each peak, and the shards may take back no more than the room below them"
+            ),
             V::Stat { name, value, sum } => write!(
                 f,
                 "statistics equal the sums of the state: {name} = {value}, the state sums to {sum}"

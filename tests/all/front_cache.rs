@@ -1,5 +1,5 @@
 //! The per-stream front cache (`ExpandableConfig::front_cache`, Note [Front cache] in
-//! `src/expandable/front.rs`): what a user reads is the same as without it (every block counter
+//! `src/expandable/front/mod.rs`): what a user reads is the same as without it (every block counter
 //! and its peak, after every call), stashed memory serves another stream under pressure, blocks
 //! used by other streams still wait for their events, and a double free is still told.
 
@@ -68,6 +68,52 @@ fn a_parked_block_is_taken_back_by_the_same_request_and_the_totals_count_both_ca
     alloc.empty_cache().unwrap();
     assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
     alloc.check_invariants().unwrap();
+}
+
+/// Note [Front allowance]: a loop that frees one size and asks for another keeps its stash
+/// across the core's allocation, and the peaks stay what a user read: 20 KiB live at most
+/// before the last request (the stashed 4 KiB block is not counted on top of the 12 KiB one),
+/// 24 KiB after it, exactly as without the front cache.
+#[test]
+fn a_stash_kept_across_a_core_allocation_leaves_the_peaks_exact() {
+    let run = |on: bool| {
+        let alloc = ExpandableAllocator::new(sim(1 << 30), front(on)).unwrap();
+        let a = alloc.allocate(4096, S1).unwrap();
+        let b = alloc.allocate(8192, S1).unwrap();
+        let pa = a.ptr();
+        alloc.deallocate(a).unwrap();
+        let c = alloc.allocate(12288, S1).unwrap();
+        alloc.check_invariants().unwrap();
+        let mid = alloc.stats();
+        let d = alloc.allocate(4096, S1).unwrap();
+        assert_eq!(d.ptr(), pa, "the 4 KiB block comes back");
+        alloc.check_invariants().unwrap();
+        let end = alloc.stats();
+        for x in [b, c, d] {
+            alloc.deallocate(x).unwrap();
+        }
+        (mid, end)
+    };
+    let ((mid_on, end_on), (mid_off, end_off)) = (run(true), run(false));
+    assert_eq!(mid_on.allocated_bytes.all.peak, 20 << 10);
+    assert_eq!(end_on.allocated_bytes.all.peak, 24 << 10);
+    assert_eq!(counters(&mid_on), counters(&mid_off));
+    assert_eq!(counters(&end_on), counters(&end_off));
+}
+
+/// A request the stream's free ranges cannot hold gives the stash back before the core grows:
+/// the stashed 20 MiB block's page serves a 10 MiB request, nothing new is mapped.
+#[test]
+fn the_core_never_grows_while_a_stashed_block_could_serve() {
+    let alloc = ExpandableAllocator::new(sim(1 << 30), front(true)).unwrap();
+    let big = alloc.allocate(20 * MB, S1).unwrap();
+    alloc.deallocate(big).unwrap();
+    let half = alloc.allocate(10 * MB, S1).unwrap();
+    let s = alloc.stats();
+    assert_eq!(s.reserved_bytes.all.current, 20 * MB as u64);
+    assert_eq!(s.allocated_bytes.all.current, 10 * MB as u64);
+    alloc.check_invariants().unwrap();
+    alloc.deallocate(half).unwrap();
 }
 
 #[test]

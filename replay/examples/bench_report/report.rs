@@ -206,7 +206,7 @@ steps per iteration split between the threads (the same work for 1 and 2), on me
 before timing. One operation is one `allocate` or one `deallocate`; ops/s counts all threads \
 together. The time runs from a common start barrier to the last thread's end. 20 samples, 2 s. \
 `expandable-front-cache` is expandable with its per-stream front cache on (`front_cache`, Note \
-[Front cache] in `src/expandable/front.rs`); `expandable-unshared` gives each thread an \
+[Front cache] in `src/expandable/front/mod.rs`); `expandable-unshared` gives each thread an \
 allocator of its own, nothing shared: the most any locking could reach on the machine.\n\n",
     );
     if thread_groups.is_empty() {

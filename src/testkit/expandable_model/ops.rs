@@ -143,6 +143,13 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
             fine_pages_above: 0.5,
             ..ExpandableConfig::default()
         }),
+        // The per-stream front cache (Note [Front cache], Note [Front allowance]): frees through
+        // `deallocate` stashed and taken back without the lock, stashes kept across the core's
+        // allocations.
+        Just(ExpandableConfig {
+            front_cache: true,
+            ..ExpandableConfig::default()
+        }),
         // Power-of-two rounding in the intervals the sizes reach (below 2 MiB: 2 steps, 2-4 MiB:
         // 4, 4-8 MiB: 8), so the blocks' sizes are checked against PyTorch's rule there too.
         Just(ExpandableConfig {

@@ -16,34 +16,38 @@
 //!   and the same requested size takes the latest such block back. Neither touches the state:
 //!   the core still counts the stashed block live, exactly as before the free.
 //! * Every other call is the slow path: it takes the state's lock, then every shard's lock in
-//!   index order, gives every stashed block back to the core (the frees the core never saw), and
-//!   only then runs, holding all of them. So growth, the out-of-memory path, `empty_cache`,
-//!   `stats`, snapshots, `reset_peak_stats` and `deallocate_ptr` see every free that returned
-//!   before them, and no fast call runs in the middle of a slow one.
+//!   index order, and runs holding all of them, so no fast call runs in the middle of a slow
+//!   one. An allocation (`slow_allocate.rs`) takes a stashed block back if one fits it (the fast
+//!   path found it but could not pay for it: Note [Front allowance]), else lets the core serve
+//!   it from the stream's free ranges with the stash left stashed, and gives every stashed
+//!   block back to the core first only where the core would otherwise grow, borrow or fail, so
+//!   the core never maps memory while memory it could use sits stashed. Every other slow call
+//!   (`empty_cache`, `stats`, snapshots, `reset_peak_stats`, `deallocate_ptr`,
+//!   `record_stream`) gives every stashed block back first (the frees the core never saw).
 //! * Lock order: state, then shards by index. A fast call holds one shard's lock, takes nothing
 //!   else while holding it, and gives it up before it falls back to the slow path: no cycle, so
 //!   no deadlock.
-//! * Statistics stay exact. A free stashed and then taken back is a pair whose net change of
-//!   every `current` is zero, so it moves no peak; the shard counts the pairs (per pool: how
-//!   many, bytes, requested bytes) and the slow path adds them to the `allocated` and `freed`
-//!   totals, which is all the pair changed. A stashed block not taken back is freed in the core
-//!   before any slow call runs, so every figure a user can read, and every peak, is what the
-//!   calls in their order made it, and no allocation is counted on top of a block already freed.
+//! * Statistics stay exact. A free stashed and then taken back is a pair: the shard counts the
+//!   pairs (per pool: how many, bytes, requested bytes) and the slow path adds them to the
+//!   `allocated` and `freed` totals. What a user reads of a block counter is the core's
+//!   `current` less what is stashed; the core allocates with the stash taken out of `current`,
+//!   so the peaks it sets are those; a take under every lock raises them to it; and a take
+//!   without the lock is paid for by its shard's allowance, which cannot let the sum over the
+//!   shards pass a peak (Note [Front allowance] in `allowance.rs`). So every figure a user can
+//!   read, and every peak, is what the calls in their order made it.
 //! * Blocks the front cache must not stash go the slow way: a block used by another stream
 //!   (`record_stream`: its free must record events) and a block borrowed from the other pool
 //!   (Note [Borrowing]: its statistics count in the pool that holds it) are named in their
 //!   stream's shard (`slow_only`) when the core makes them so, under all the locks.
 //! * `deallocate_ptr` (what the C ABI calls) knows only the address, so it takes the slow path.
 //!
-//! What it serves, measured (BENCHMARKS.md, "Threads"): a stream that frees a block and then asks
-//! for the same size again before any other slow call (inference and training loops of fixed
-//! shapes, at their innermost), served without the lock. Not a loop that frees several sizes
-//! before it allocates them again: its first request of another size is a slow call, which gives
-//! every stashed block back. Leaving them stashed for an allocation the core serves from its own
-//! free ranges was tried and breaks the peaks: the core's peak is then set while a stashed block
-//! counts as free, and taking that block back later raises `current` above a peak that only the
-//! core could raise (the property test's saved case). A peak exact under that scheme needs one
-//! shared order of every call, the very cost the front cache exists to avoid.
+//! What it serves, measured (BENCHMARKS.md, "Threads"): a stream that frees blocks and then asks
+//! for their sizes again (inference and training loops, at their innermost; a ring of several
+//! sizes, each freed a few calls before it is asked for again), served without the lock while
+//! the core serves the other sizes. Before the allowances, the first request of another size
+//! gave every stashed block back (leaving them stashed broke the peaks: the core set a peak with
+//! a stashed block counted live), so a ring of several sizes missed on every call and ran at
+//! 0.4–0.5× of one thread with two.
 //!
 //! Why a switch, off by default ([`ExpandableConfig::front_cache`](crate::config::ExpandableConfig::front_cache)):
 //! a stashed block is not merged with its free neighbours until the next slow call, and a hit
@@ -53,7 +57,14 @@
 //! user reads (the block counters and their peaks) is the same with it on (the property test
 //! `front_cache_counts_match_the_core` in `tests/all/front_cache.rs`).
 
+mod allowance;
+mod slow_allocate;
+
+pub(crate) use slow_allocate::allocate;
+
 use rustc_hash::FxHashSet;
+
+use allowance::{Amount, Scoped};
 
 use crate::backend::{Backend, StreamId};
 use crate::config::{ExpandableConfig, ROUNDUP_INTERVALS};
@@ -95,11 +106,70 @@ pub(crate) struct Shard {
     slow_only: FxHashSet<u64>,
     /// Small pool, large pool.
     pairs: [Pairs; 2],
+    /// How far this shard's takes may run ahead of its stashes until the next slow call (Note
+    /// [Front allowance]).
+    allowance: Scoped,
     /// Whether the core, as the last slow call left it, has work for its next allocation's
     /// look at events (blocks waiting for other streams, event releases to retry): then every
     /// allocation takes the slow path, so events are looked at when they would be without the
     /// front cache.
     events_due: bool,
+}
+
+impl Shard {
+    /// The latest block stashed on `stream` of `rounded` bytes for a request of `requested`.
+    fn find(&self, stream: StreamId, rounded: usize, requested: usize) -> Option<usize> {
+        self.stashed
+            .iter()
+            .rposition(|p| p.stream == stream && p.size == rounded && p.requested == requested)
+    }
+
+    /// Takes stashed block `i` back for the user and counts the pair; returns its address.
+    fn take(&mut self, i: usize) -> u64 {
+        let p = self.stashed.remove(i);
+        let pairs = &mut self.pairs[pool_slot(pool_of(p.size))];
+        pairs.count += 1;
+        pairs.bytes += p.size as u64;
+        pairs.requested += p.requested as u64;
+        p.addr
+    }
+
+    /// What this shard holds stashed, per scope.
+    fn stash(&self) -> Scoped {
+        let mut total = Scoped::default();
+        for p in &self.stashed {
+            total.add(pool_of(p.size), &Amount::block(p.size, p.requested));
+        }
+        total
+    }
+}
+
+/// What every shard holds stashed, per scope.
+fn stashed_total(shards: &AllShards<'_>) -> Scoped {
+    let mut total = Scoped::default();
+    for shard in shards.iter() {
+        total.add_all(&shard.stash());
+    }
+    total
+}
+
+/// Hands every shard its allowance anew (Note [Front allowance]): what every slow call does
+/// last, holding every lock.
+pub(crate) fn hand_out_allowances<B: Backend>(state: &State<B>, shards: &mut AllShards<'_>) {
+    let stashes: Vec<Scoped> = shards.iter().map(|s| s.stash()).collect();
+    let mut total = Scoped::default();
+    for s in &stashes {
+        total.add_all(s);
+    }
+    // No headroom only if a user already reads more than a peak, which `check` reports; then no
+    // take is paid for without the lock.
+    let shares = match allowance::headroom(&state.stats, &total) {
+        Some(room) => allowance::share(&room, &stashes),
+        None => vec![Scoped::default(); stashes.len()],
+    };
+    for (shard, share) in shards.iter_mut().zip(shares) {
+        shard.allowance = share;
+    }
 }
 
 /// A shard's lock alone on its cache lines, so two streams' shards do not share one.
@@ -175,11 +245,15 @@ impl FrontCache {
             size,
             requested,
         });
+        shard
+            .allowance
+            .add(pool_of(size), &Amount::block(size, requested));
         true
     }
 
     /// Takes back the latest block stashed on `stream` of `rounded` bytes for a request of
-    /// `requested`, and counts the pair.
+    /// `requested`, if the shard's allowance pays for it (Note [Front allowance]), and counts
+    /// the pair.
     pub(crate) fn try_take(
         &self,
         stream: StreamId,
@@ -190,16 +264,15 @@ impl FrontCache {
         if shard.events_due {
             return None;
         }
-        let i = shard
-            .stashed
-            .iter()
-            .rposition(|p| p.stream == stream && p.size == rounded && p.requested == requested)?;
-        let p = shard.stashed.remove(i);
-        let pairs = &mut shard.pairs[pool_slot(pool_of(rounded))];
-        pairs.count += 1;
-        pairs.bytes += rounded as u64;
-        pairs.requested += requested as u64;
-        Some(p.addr)
+        let pool = pool_of(rounded);
+        let i = shard.find(stream, rounded, requested)?;
+        if !shard
+            .allowance
+            .try_sub(pool, &Amount::block(rounded, requested))
+        {
+            return None;
+        }
+        Some(shard.take(i))
     }
 
     /// Every shard locked, in index order (after the state's lock: Note [Front cache]).
@@ -345,5 +418,14 @@ pub(crate) fn check<B: Backend>(
             }
         }
     }
-    Ok(())
+    // Note [Front allowance]: what a user reads is within every peak, and the allowances never
+    // sum to more than the room left below them.
+    let mut allowed = Scoped::default();
+    for shard in shards.iter() {
+        allowed.add_all(&shard.allowance);
+    }
+    match allowance::headroom(&state.stats, &stashed_total(shards)) {
+        Some(room) if allowed.within(&room) => Ok(()),
+        _ => Err(InvariantViolation::FrontAllowance),
+    }
 }
