@@ -101,6 +101,40 @@ fn a_stash_kept_across_a_core_allocation_leaves_the_peaks_exact() {
     assert_eq!(counters(&end_on), counters(&end_off));
 }
 
+/// Note [Stash age]: a stashed block whose size is not asked for again goes back to the core
+/// after its stream's third slow allocation, and best fit then reuses its range; until then the
+/// core serves other sizes around it.
+#[test]
+fn a_stashed_block_not_asked_for_again_goes_back_to_the_core() {
+    let alloc = ExpandableAllocator::new(sim(1 << 30), front(true)).unwrap();
+    let x = alloc.allocate(8192, S1).unwrap();
+    let y = alloc.allocate(4096, S1).unwrap();
+    let px = x.ptr();
+    alloc.deallocate(x).unwrap();
+    let mut kept = vec![y];
+    for size in [1024, 2048] {
+        let a = alloc.allocate(size, S1).unwrap();
+        assert_ne!(
+            a.ptr(),
+            px,
+            "still stashed: the {size}-byte request goes elsewhere"
+        );
+        kept.push(a);
+    }
+    let third = alloc.allocate(3072, S1).unwrap();
+    assert_eq!(
+        third.ptr(),
+        px,
+        "given back: best fit takes the 8 KiB range"
+    );
+    alloc.check_invariants().unwrap();
+    kept.push(third);
+    for a in kept {
+        alloc.deallocate(a).unwrap();
+    }
+    alloc.check_invariants().unwrap();
+}
+
 /// A request the stream's free ranges cannot hold gives the stash back before the core grows:
 /// the stashed 20 MiB block's page serves a 10 MiB request, nothing new is mapped.
 #[test]
