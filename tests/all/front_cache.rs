@@ -101,9 +101,9 @@ fn a_stash_kept_across_a_core_allocation_leaves_the_peaks_exact() {
     assert_eq!(counters(&end_on), counters(&end_off));
 }
 
-/// Note [Stash age]: a stashed block whose size is not asked for again goes back to the core
-/// after its stream's third slow allocation, and best fit then reuses its range; until then the
-/// core serves other sizes around it.
+/// Note [Stash age]: a stashed small-pool block whose size is not asked for again goes back to
+/// the core after its stream's third slow allocation, and best fit then reuses its range; until
+/// then the core serves other sizes around it.
 #[test]
 fn a_stashed_block_not_asked_for_again_goes_back_to_the_core() {
     let alloc = ExpandableAllocator::new(sim(1 << 30), front(true)).unwrap();
@@ -133,6 +133,23 @@ fn a_stashed_block_not_asked_for_again_goes_back_to_the_core() {
         alloc.deallocate(a).unwrap();
     }
     alloc.check_invariants().unwrap();
+}
+
+/// Note [Stash age]: a stashed large-pool block goes back to the core at its stream's next slow
+/// allocation, which best fit then serves from its range (a 3 MiB block's range for 2 MiB).
+#[test]
+fn a_stashed_large_block_goes_back_at_the_next_slow_allocation() {
+    let alloc = ExpandableAllocator::new(sim(1 << 30), front(true)).unwrap();
+    let x = alloc.allocate(3 * MB, S1).unwrap();
+    let y = alloc.allocate(4 * MB, S1).unwrap();
+    let px = x.ptr();
+    alloc.deallocate(x).unwrap();
+    let z = alloc.allocate(2 * MB, S1).unwrap();
+    assert_eq!(z.ptr(), px, "given back: best fit takes the 3 MiB range");
+    alloc.check_invariants().unwrap();
+    for a in [y, z] {
+        alloc.deallocate(a).unwrap();
+    }
 }
 
 /// A request the stream's free ranges cannot hold gives the stash back before the core grows:

@@ -81,7 +81,8 @@ pub(crate) const SHARDS: usize = 4;
 /// allocates them again, few enough that a scan of them is a handful of compares.
 pub(crate) const PER_SHARD: usize = 16;
 
-/// Slow allocations of its stream a stashed block stays stashed through (Note [Stash age]).
+/// Slow allocations of its stream a stashed small-pool block stays stashed through (Note [Stash
+/// age]; a large-pool block goes back at the first).
 pub(crate) const STASH_AGE: u32 = 2;
 
 /// A block freed by the user and stashed: still live in the core.
@@ -140,24 +141,32 @@ impl Shard {
     }
 
     /// Note [Stash age]: a slow allocation on `stream` that the stash could not serve ages the
-    /// stream's stashed blocks by one, and gives the ones older than [`STASH_AGE`] back to the
-    /// core (a free the core now sees). A block stays stashed while its stream asks for other
-    /// sizes a few times (a ring of sizes, each freed a few calls before it is asked for again),
-    /// and no longer: a stashed block is not merged with its free neighbours, so the core must
-    /// serve other requests around it, and a block whose size does not come back soon only
-    /// fragments the segment. Measured (Sim; the 23 shared traces replayed with the front cache
-    /// on, one thread; min capacity summed): returned at once (age 0, the front cache before
-    /// the allowances) 290.32 GiB, age 1 290.75, 2 290.75, 4 290.88, 8 290.95, never 291.02
-    /// (the default allocator: 290.41); the benches' ring of six sizes, 8 blocks deep, needs 2
-    /// (with 0 or 1 every request misses: 3–4 M operations a second on one thread, against
-    /// 36–40 M with 2 or more).
+    /// stream's stashed blocks by one and gives back to the core (a free the core now sees) its
+    /// large-pool blocks, and its small-pool blocks older than [`STASH_AGE`]. A stashed block is
+    /// not merged with its free neighbours, so the core must serve other requests around it; in
+    /// the large pool's 20 MiB pages that fragments what later large requests need, in the
+    /// small pool's 2 MiB pages it costs nothing measurable, and a small block stays stashed
+    /// while its stream asks for other sizes a couple of times (a ring of sizes, each freed a
+    /// few calls before it is asked for again). Measured (Sim; the 23 shared traces replayed
+    /// with the front cache on, one thread; min capacity summed; the default allocator needs
+    /// 290.41 GiB): every block given back at once (the front cache before the allowances)
+    /// 290.32 GiB; every block after 1, 2, 4 or 8 slow allocations 290.75, 290.75, 290.88,
+    /// 290.95, never 291.02; large blocks at once and small ones after 2 (this rule) 290.33,
+    /// large ones only at a large request 290.62. The benches' ring of six sizes, 8 blocks deep,
+    /// runs from the stash under this rule (44 M operations a second on one thread); where every
+    /// block goes back at once or after one slow allocation, every request of the ring misses
+    /// (3–4 M).
     fn age<B: Backend>(&mut self, state: &mut State<B>, stream: StreamId) {
         let mut i = 0;
         while i < self.stashed.len() {
             let p = &mut self.stashed[i];
             if p.stream == stream {
                 p.age += 1;
-                if p.age > STASH_AGE {
+                let limit = match pool_of(p.size) {
+                    PoolKind::Small => STASH_AGE,
+                    PoolKind::Large => 0,
+                };
+                if p.age > limit {
                     let p = self.stashed.remove(i);
                     // As in `flush`: live in the core, used by no other stream.
                     let _ = state.deallocate(DevAddr::new(p.addr));
