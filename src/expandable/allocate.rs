@@ -5,7 +5,7 @@
 use crate::backend::{Backend, StreamId};
 use crate::error::AllocError;
 use crate::expandable::growth::GrowFail;
-use crate::expandable::pieces::PieceId;
+use crate::expandable::pieces::{Kind, PieceId};
 use crate::expandable::size_index::{FreeRange, StreamPool};
 use crate::expandable::state::{Block, State};
 use crate::mechanism::oom::oom_report;
@@ -84,6 +84,18 @@ impl<B: Backend> State<B> {
     pub(crate) fn fits_free(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> bool {
         self.find_free(self.index.find(StreamPool { stream, pool }), rounded)
             .is_some()
+    }
+
+    /// Whether live block `addr` has a free range beside it: freed, it would merge with it (the
+    /// front cache gives such a stashed block back: Note [Stash age]).
+    pub(crate) fn borders_free(&self, addr: u64) -> bool {
+        let Some(b) = self.live.get(&addr) else {
+            return false;
+        };
+        let piece = self.pieces.get(b.piece);
+        [piece.prev, piece.next]
+            .into_iter()
+            .any(|p| self.pieces.kind(p) == Some(Kind::Free))
     }
 
     /// Best fit: the smallest free range of a (stream, pool) that holds `rounded`, lowest address

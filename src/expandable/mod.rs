@@ -120,6 +120,18 @@ impl<B: Backend> ExpandableAllocator<B> {
         self.state.lock().releasable.visits
     }
 
+    /// Allocations that took the allocator's lock with the front cache on (Note [Front
+    /// cache]): every allocation a shard's stash did not serve. A test kit counter; 0 with the
+    /// front cache off.
+    #[cfg(feature = "testkit")]
+    pub fn front_slow_allocations(&self) -> u64 {
+        self.front
+            .lock_all()
+            .iter()
+            .map(|s| s.slow_allocations)
+            .sum()
+    }
+
     /// Chunks the walks for fully-free chunks (the release path, the release index, a pressured
     /// growth's remap candidates) have examined so far: work that must grow with the free
     /// pieces, not with every chunk mapped under live blocks. A test kit counter.

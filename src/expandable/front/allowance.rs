@@ -164,46 +164,42 @@ pub(crate) fn raise_peaks(stats: &mut MemoryStats, stashed: &Scoped) {
 /// bytes the smaller of the allocated and active counters' room (a stashed block is counted in
 /// both). `None` when a user already reads more than a peak (a broken invariant).
 pub(crate) fn headroom(stats: &MemoryStats, stashed: &Scoped) -> Option<Scoped> {
-    let mut stats = *stats;
+    let arrays = [
+        &stats.allocation,
+        &stats.active,
+        &stats.allocated_bytes,
+        &stats.active_bytes,
+        &stats.requested_bytes,
+    ];
     let mut room = [Amount::default(); 3];
-    let mut rooms: [[u64; 5]; 3] = [[0; 5]; 3];
-    for (k, (array, figure)) in block_counters(&mut stats).into_iter().enumerate() {
-        for (scope, (stat, amount)) in scopes(array).into_iter().zip(&stashed.0).enumerate() {
-            let read = stat.current.checked_sub(figure(amount))?;
-            rooms[scope][k] = stat.peak.checked_sub(read)?;
-        }
-    }
-    for (r, k) in room.iter_mut().zip(rooms) {
+    for (scope, (r, amount)) in room.iter_mut().zip(&stashed.0).enumerate() {
+        let of = |array: &StatArray, stashed: u64| -> Option<u64> {
+            let stat = [&array.all, &array.small_pool, &array.large_pool][scope];
+            stat.peak.checked_sub(stat.current.checked_sub(stashed)?)
+        };
         *r = Amount {
-            count: k[0].min(k[1]),
-            bytes: k[2].min(k[3]),
-            requested: k[4],
+            count: of(arrays[0], amount.count)?.min(of(arrays[1], amount.count)?),
+            bytes: of(arrays[2], amount.bytes)?.min(of(arrays[3], amount.bytes)?),
+            requested: of(arrays[4], amount.requested)?,
         };
     }
     Some(Scoped(room))
 }
 
-/// Each shard's allowance from its stash and the headroom (Note [Front allowance]): its stash
-/// where the headroom covers every stash, else a share of the headroom in proportion to it.
-/// The allowances never sum to more than the headroom.
-pub(crate) fn share(headroom: &Scoped, stashes: &[Scoped]) -> Vec<Scoped> {
-    let mut out = vec![Scoped::default(); stashes.len()];
+/// One shard's allowance (Note [Front allowance]): its `stash` where the `headroom` covers every
+/// shard's stash (`total`), else its share of the headroom in proportion to its stash. Summed
+/// over the shards, never more than the headroom.
+pub(crate) fn share(headroom: &Scoped, total: &Scoped, stash: &Scoped) -> Scoped {
+    let mut out = *stash;
     for scope in 0..3 {
         for figure in 0..3 {
             let room = headroom.0[scope].figure(figure);
-            let total: u128 = stashes
-                .iter()
-                .map(|s| u128::from(s.0[scope].figure(figure)))
-                .sum();
-            for (o, stash) in out.iter_mut().zip(stashes) {
+            let all = total.0[scope].figure(figure);
+            if all > room {
                 let want = stash.0[scope].figure(figure);
-                let given = if total <= u128::from(room) {
-                    want
-                } else {
-                    // Floor of room × want / total: the shares sum to at most `room`.
-                    (u128::from(room) * u128::from(want) / total) as u64
-                };
-                *o.0[scope].figure_mut(figure) = given;
+                // Floor of room × want / all: the shares sum to at most `room`.
+                *out.0[scope].figure_mut(figure) =
+                    (u128::from(room) * u128::from(want) / u128::from(all)) as u64;
             }
         }
     }
@@ -223,16 +219,24 @@ mod tests {
         Scoped([a, a, Amount::default()])
     }
 
+    fn shares(room: &Scoped, stashes: &[Scoped]) -> Vec<Scoped> {
+        let mut total = Scoped::default();
+        for s in stashes {
+            total.add_all(s);
+        }
+        stashes.iter().map(|s| share(room, &total, s)).collect()
+    }
+
     #[test]
     fn each_shard_gets_its_stash_when_the_headroom_covers_every_stash() {
-        let got = share(&scoped(10), &[scoped(3), scoped(4), Scoped::default()]);
+        let got = shares(&scoped(10), &[scoped(3), scoped(4), Scoped::default()]);
         assert_eq!(got, vec![scoped(3), scoped(4), Scoped::default()]);
     }
 
     #[test]
     fn shares_never_sum_past_the_headroom_when_the_stashes_exceed_it() {
         let room = scoped(5);
-        let got = share(&room, &[scoped(3), scoped(4), scoped(2)]);
+        let got = shares(&room, &[scoped(3), scoped(4), scoped(2)]);
         let mut sum = Scoped::default();
         for g in &got {
             sum.add_all(g);

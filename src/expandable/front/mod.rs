@@ -81,9 +81,9 @@ pub(crate) const SHARDS: usize = 4;
 /// allocates them again, few enough that a scan of them is a handful of compares.
 pub(crate) const PER_SHARD: usize = 16;
 
-/// Slow allocations of its stream a stashed small-pool block stays stashed through (Note [Stash
-/// age]; a large-pool block goes back at the first).
-pub(crate) const STASH_AGE: u32 = 2;
+/// Slow allocations of its stream a stashed block stays stashed through at most (Note [Stash
+/// age]).
+pub(crate) const STASH_AGE: u32 = 4;
 
 /// A block freed by the user and stashed: still live in the core.
 #[derive(Clone, Copy, Debug)]
@@ -115,6 +115,8 @@ pub(crate) struct Shard {
     /// How far this shard's takes may run ahead of its stashes until the next slow call (Note
     /// [Front allowance]).
     allowance: Scoped,
+    /// Allocations on this shard's streams that took the slow path (a test kit counter).
+    pub(crate) slow_allocations: u64,
     /// Whether the core, as the last slow call left it, has work for its next allocation's
     /// look at events (blocks waiting for other streams, event releases to retry): then every
     /// allocation takes the slow path, so events are looked at when they would be without the
@@ -141,32 +143,34 @@ impl Shard {
     }
 
     /// Note [Stash age]: a slow allocation on `stream` that the stash could not serve ages the
-    /// stream's stashed blocks by one and gives back to the core (a free the core now sees) its
-    /// large-pool blocks, and its small-pool blocks older than [`STASH_AGE`]. A stashed block is
-    /// not merged with its free neighbours, so the core must serve other requests around it; in
-    /// the large pool's 20 MiB pages that fragments what later large requests need, in the
-    /// small pool's 2 MiB pages it costs nothing measurable, and a small block stays stashed
-    /// while its stream asks for other sizes a couple of times (a ring of sizes, each freed a
-    /// few calls before it is asked for again). Measured (Sim; the 23 shared traces replayed
-    /// with the front cache on, one thread; min capacity summed; the default allocator needs
-    /// 290.41 GiB): every block given back at once (the front cache before the allowances)
-    /// 290.32 GiB; every block after 1, 2, 4 or 8 slow allocations 290.75, 290.75, 290.88,
-    /// 290.95, never 291.02; large blocks at once and small ones after 2 (this rule) 290.33,
-    /// large ones only at a large request 290.62. The benches' ring of six sizes, 8 blocks deep,
-    /// runs from the stash under this rule (44 M operations a second on one thread); where every
-    /// block goes back at once or after one slow allocation, every request of the ring misses
-    /// (3–4 M).
+    /// stream's stashed blocks by one and gives back to the core (a free the core now sees)
+    /// every one that borders a free range, or is older than [`STASH_AGE`]. A stashed block is
+    /// not merged with its free neighbours, so while it stays stashed the core serves other
+    /// requests around it and keeps the free range beside it smaller than it would be: what
+    /// later requests need, fragmented. A block between used memory would merge with nothing,
+    /// so keeping it costs only what a free range of its own size would have served; the age
+    /// bounds that, and bounds how long memory sits where its stream may not come back for it.
+    /// A loop that frees a few sizes before it asks for them again (a ring of sizes, each freed
+    /// a few allocations before it is asked for again) runs from the stash once warm, however
+    /// cold it started (`a_ring_of_six_sizes_is_served_without_the_lock_once_warm`).
+    ///
+    /// Measured (Sim; the 23 shared traces replayed with the front cache on, one thread; min
+    /// capacity summed; the default allocator needs 290.41 GiB and more than
+    /// pytorch-expandable on none): every block given back at the first slow allocation (the
+    /// front cache before the allowances, under which the six-size ring missed on every
+    /// request) 290.32 GiB; every block kept through 2, 4 or 8 slow allocations, or never given
+    /// back, 290.75, 290.88, 290.95, 291.02; kept through 4 where its shape had come back
+    /// before, 290.95; this rule with an age of 2, 4 (the one kept) or 8: 290.48, 290.49,
+    /// 290.36 GiB, more than pytorch-expandable on 5, 4 and 6 traces (by 4–38 MiB at 4). With
+    /// an age of 2 the six-size ring never warms up (each block is asked for four allocations
+    /// after its free).
     fn age<B: Backend>(&mut self, state: &mut State<B>, stream: StreamId) {
         let mut i = 0;
         while i < self.stashed.len() {
             let p = &mut self.stashed[i];
             if p.stream == stream {
                 p.age += 1;
-                let limit = match pool_of(p.size) {
-                    PoolKind::Small => STASH_AGE,
-                    PoolKind::Large => 0,
-                };
-                if p.age > limit {
+                if p.age > STASH_AGE || state.borders_free(p.addr) {
                     let p = self.stashed.remove(i);
                     // As in `flush`: live in the core, used by no other stream.
                     let _ = state.deallocate(DevAddr::new(p.addr));
@@ -199,19 +203,22 @@ fn stashed_total(shards: &AllShards<'_>) -> Scoped {
 /// Hands every shard its allowance anew (Note [Front allowance]): what every slow call does
 /// last, holding every lock.
 pub(crate) fn hand_out_allowances<B: Backend>(state: &State<B>, shards: &mut AllShards<'_>) {
-    let stashes: Vec<Scoped> = shards.iter().map(|s| s.stash()).collect();
+    let mut stashes = [Scoped::default(); SHARDS];
     let mut total = Scoped::default();
-    for s in &stashes {
-        total.add_all(s);
+    for (stash, shard) in stashes.iter_mut().zip(shards.iter()) {
+        if !shard.stashed.is_empty() {
+            *stash = shard.stash();
+            total.add_all(stash);
+        }
     }
     // No headroom only if a user already reads more than a peak, which `check` reports; then no
     // take is paid for without the lock.
-    let shares = match allowance::headroom(&state.stats, &total) {
-        Some(room) => allowance::share(&room, &stashes),
-        None => vec![Scoped::default(); stashes.len()],
-    };
-    for (shard, share) in shards.iter_mut().zip(shares) {
-        shard.allowance = share;
+    let room = allowance::headroom(&state.stats, &total);
+    for (shard, stash) in shards.iter_mut().zip(&stashes) {
+        shard.allowance = match &room {
+            Some(room) if !shard.stashed.is_empty() => allowance::share(room, &total, stash),
+            _ => Scoped::default(),
+        };
     }
 }
 

@@ -27,6 +27,7 @@ pub(crate) fn allocate<B: Backend>(
     stream: StreamId,
     owner: AllocatorId,
 ) -> Result<Allocation, AllocError> {
+    shards[shard_of(stream)].slow_allocations += 1;
     let events_due = !state.pending.is_empty() || state.deferred.has_events();
     if let (Ok(req), false) = (
         Request::new(size, &state.config.roundup_power2_divisions),
