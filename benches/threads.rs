@@ -6,7 +6,9 @@
 //!
 //! Each thread keeps a ring of `RING` live blocks and, per step, frees the oldest and allocates the
 //! next size of `SIZES` (small and large pools both), so the free-range index holds more than one
-//! block; in the `threads-same-size` groups it allocates the size it just freed instead. Every allocator (expandable, with and without its per-stream front cache,
+//! block; in the `threads-same-size` groups it allocates the size it just freed instead, and in
+//! the `threads-varied` groups the next of 48 sizes (512 B to 8.5 MiB), so a size comes back only
+//! 48 steps after it was last asked for: what a per-stream cache of freed blocks cannot serve. Every allocator (expandable, with and without its per-stream front cache,
 //! pytorch-expandable, classic) runs in the same process, and so does `expandable-unshared`: one
 //! allocator per thread, nothing shared, the most any locking scheme could reach on the machine.
 
@@ -57,22 +59,37 @@ const ALLOCATORS: [(&str, Make); 5] = [
     }),
 ];
 
-/// One thread's loop: `pairs` times, free the oldest of the ring and allocate the next size of
-/// `SIZES` or, with `same_size`, the size just freed (fixed shapes: a tensor freed and the next
-/// of its shape allocated).
+/// What each step of a thread's loop allocates after freeing the oldest block of its ring.
+#[derive(Clone, Copy)]
+enum Shapes {
+    /// The next of `SIZES`: each size freed four allocations before it is asked for again.
+    Ring,
+    /// The size just freed (fixed shapes: a tensor freed and the next of its shape allocated).
+    SameSize,
+    /// The next of `VARIED` sizes: none asked for again within 48 steps.
+    Varied,
+}
+
+/// The `threads-varied` sizes: 48 of them, from 512 B up by 23 % a step, rounded to 512 B.
+fn varied(i: usize) -> usize {
+    let k = (i % 48) as i32;
+    ((512.0 * 1.23f64.powi(k)) as usize).div_ceil(512) * 512
+}
+
+/// One thread's loop: `pairs` times, free the oldest of the ring and allocate the next size.
 fn churn(
     a: &dyn Allocator,
     stream: StreamId,
     ring: &mut Vec<Allocation>,
     pairs: usize,
-    same_size: bool,
+    shapes: Shapes,
 ) {
     for i in 0..pairs {
         let old = ring.remove(0);
-        let size = if same_size {
-            old.requested()
-        } else {
-            SIZES[i % SIZES.len()]
+        let size = match shapes {
+            Shapes::SameSize => old.requested(),
+            Shapes::Ring => SIZES[i % SIZES.len()],
+            Shapes::Varied => varied(i),
         };
         a.deallocate(old).expect("deallocate");
         ring.push(black_box(a.allocate(size, stream).expect("allocate")));
@@ -85,7 +102,7 @@ fn churn(
 fn run(
     a: &Arc<dyn Allocator>,
     unshared: bool,
-    same_size: bool,
+    shapes: Shapes,
     threads: usize,
     iters: u64,
 ) -> Duration {
@@ -108,7 +125,7 @@ fn run(
                     })
                     .collect();
                 if unshared {
-                    churn(&*a, stream, &mut ring, PAIRS, same_size);
+                    churn(&*a, stream, &mut ring, PAIRS, shapes);
                 }
                 start.wait();
                 churn(
@@ -116,7 +133,7 @@ fn run(
                     stream,
                     &mut ring,
                     iters as usize * PAIRS / threads,
-                    same_size,
+                    shapes,
                 );
                 for b in ring {
                     a.deallocate(b).expect("deallocate");
@@ -133,8 +150,13 @@ fn run(
 }
 
 fn bench_threads(c: &mut Criterion) {
-    // `threads`: the mixed ring; `threads-same-size`: each step allocates the size it freed.
-    for (prefix, same_size) in [("threads", false), ("threads-same-size", true)] {
+    // `threads`: the mixed ring; `threads-same-size`: each step allocates the size it freed;
+    // `threads-varied`: sizes that do not come back soon.
+    for (prefix, shapes) in [
+        ("threads", Shapes::Ring),
+        ("threads-same-size", Shapes::SameSize),
+        ("threads-varied", Shapes::Varied),
+    ] {
         for threads in [1, 2] {
             let mut g = c.benchmark_group(format!("{prefix}/{threads}"));
             g.sample_size(20)
@@ -145,9 +167,9 @@ fn bench_threads(c: &mut Criterion) {
                 let a = make();
                 let unshared = name == UNSHARED;
                 // Map every segment once, so the timed loops run on cached memory.
-                run(&a, unshared, same_size, threads, 1);
+                run(&a, unshared, shapes, threads, 1);
                 g.bench_function(BenchmarkId::from_parameter(name), |b| {
-                    b.iter_custom(|iters| run(&a, unshared, same_size, threads, iters))
+                    b.iter_custom(|iters| run(&a, unshared, shapes, threads, iters))
                 });
             }
             g.finish();

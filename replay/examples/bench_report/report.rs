@@ -235,6 +235,18 @@ lock.\n\n",
         &same_size,
         "Threads (Sim), fixed shapes",
     ));
+    let varied = d.groups_with("threads-varied/");
+    out.push_str(
+        "The same with sizes that do not come back soon (`threads-varied`): per step each thread \
+frees the oldest of its 8 blocks and allocates the next of 48 sizes (512 B to 8.5 MiB, 23 % \
+apart), so no freed block is asked for again within 48 steps: every request misses the front \
+cache and takes its slow path, what the switch costs where shapes do not recur.\n\n",
+    );
+    if varied.is_empty() {
+        not_run(out, "threads-varied_<N>");
+    } else {
+        threads_table(out, d, &varied);
+    }
     write_verdicts(out, &scaling);
     verdicts.extend(scaling);
 
