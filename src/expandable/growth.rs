@@ -110,25 +110,15 @@
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
 use crate::error::BackendError;
-use crate::expandable::pieces::{Kind, PieceId};
+use crate::expandable::pieces::PieceId;
 use crate::expandable::segment::{Chunk, FreeChunk, Segment, SegmentKey};
 use crate::expandable::size_index::StreamPool;
 use crate::expandable::state::State;
+use crate::expandable::target::Target;
 use crate::mechanism::counters::track;
 use crate::mechanism::deferred::Leftover;
 use crate::stats::PoolKind;
 use crate::units::DevAddr;
-
-/// Where a growth goes: the segment, the block's start (and the free piece that starts there,
-/// ending where the hole begins, if any), and the hole mapped from.
-struct Target {
-    seg: SegmentKey,
-    start: u64,
-    before: Option<PieceId>,
-    hole_start: u64,
-    hole_end: u64,
-    new_segment: bool,
-}
 
 /// What a harvest must respect: the growing stream (its own pages may be parked, Note
 /// [Parked pages] in `parked.rs`) and the range the growth relies on (segment, from, to), whose
@@ -276,90 +266,6 @@ impl<B: Backend> State<B> {
         let free = free.expect("the grown run lies in a gap of a live segment");
         debug_assert_eq!(self.pieces.get(free).start, target.start);
         Ok((slot, free))
-    }
-
-    /// Where a growth of `rounded` bytes for (stream, pool) goes (Note [Growth]). With pages
-    /// parked (Note [Parked pages] in `parked.rs`), the lowest place counting them as mapped,
-    /// unless counting them as holes needs fewer new bytes mapped there (a free range then
-    /// reaches into them): unparking may cost a synchronization, mapping more costs memory.
-    fn choose_target(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<Target> {
-        let around = self.find_target(stream, pool, rounded, false);
-        if self.parked_handles.is_empty() {
-            return around;
-        }
-        let over = self.find_target(stream, pool, rounded, true);
-        let g = self.granularity as u64;
-        let new_bytes = |t: &Target| {
-            let need_end = (t.start + rounded as u64).next_multiple_of(g);
-            need_end.min(t.hole_end).saturating_sub(t.hole_start)
-        };
-        match (around, over) {
-            (Some(a), Some(o)) if new_bytes(&o) < new_bytes(&a) => Some(o),
-            (None, o) => o,
-            (a, _) => a,
-        }
-    }
-
-    /// The place in an existing segment of (stream, pool) where `rounded` fits once the hole
-    /// there is mapped: the best fit with `best_fit_growth`, else the lowest (Note [Growth]);
-    /// with `over_parked`, parked pages count as holes.
-    fn find_target(
-        &self,
-        stream: StreamId,
-        pool: PoolKind,
-        rounded: usize,
-        over_parked: bool,
-    ) -> Option<Target> {
-        let slot = self.index.find(StreamPool { stream, pool })?;
-        // The smallest span (free bytes before, hole, free bytes after) that holds the request,
-        // the lowest address among equals (Note [Growth]).
-        let mut best: Option<(u64, Target)> = None;
-        let all = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
-        for &(_, key) in self.segments_by_slot.range(all) {
-            let seg = &self.segments[&key];
-            let holes: Box<dyn Iterator<Item = (u64, u64)>> = if over_parked {
-                Box::new(seg.holes_unparked())
-            } else {
-                Box::new(seg.holes())
-            };
-            // The last gap starting at or before the hole (`gap_before`), found by walking the
-            // gap map beside the holes: one search per hole was 4 % of the churn bench's
-            // full-device time. Parked pages lie in gap pieces, so either kind of hole has one.
-            let mut gaps = seg.gaps.iter().peekable();
-            let mut last_gap = None;
-            for (h_start, h_end) in holes {
-                while let Some((_, &id)) = gaps.next_if(|(&s, _)| s <= h_start) {
-                    last_gap = Some(id);
-                }
-                // The hole lies in one gap piece (gaps are merged), whose neighbours may be free.
-                let Some(gap) = last_gap else {
-                    continue;
-                };
-                let gap = *self.pieces.get(gap);
-                let free = |id: PieceId| (self.pieces.kind(id) == Some(Kind::Free)).then_some(id);
-                let before = free(gap.prev).filter(|_| gap.start == h_start);
-                let after = free(gap.next).filter(|_| gap.end() == h_end);
-                let start = before.map_or(h_start, |id| self.pieces.get(id).start);
-                let after = after.map_or(0, |id| self.pieces.get(id).len as u64);
-                let span = h_end - start + after;
-                if span < rounded as u64 || best.as_ref().is_some_and(|(b, _)| span >= *b) {
-                    continue;
-                }
-                let target = Target {
-                    seg: key,
-                    start,
-                    before,
-                    hole_start: h_start,
-                    hole_end: h_end,
-                    new_segment: false,
-                };
-                if !self.config.best_fit_growth {
-                    return Some(target);
-                }
-                best = Some((span, target));
-            }
-        }
-        best.map(|(_, target)| target)
     }
 
     /// Makes the target's hole mappable (Note [Parked pages] in `parked.rs`): parked pages

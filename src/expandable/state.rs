@@ -170,8 +170,7 @@ impl<B: Backend> State<B> {
         let stuck = self.segments.values().flat_map(|s| s.stuck.values());
         let stuck: usize = stuck.map(|c| c.len).sum();
         stats.stuck_bytes = (stuck + self.deferred.mapped_bytes()) as u64;
-        let parked = self.segments.values().flat_map(|s| s.parked.values());
-        stats.parked_bytes = parked.map(|c| c.len as u64).sum();
+        stats.parked_bytes = self.segments.values().map(|s| s.parked_bytes as u64).sum();
         stats.parked_pages = self.parked_handles.len() as u64;
         stats
     }
