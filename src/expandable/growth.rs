@@ -131,6 +131,13 @@ struct Harvester {
     to: u64,
 }
 
+/// A growth's remap candidates, listed on its first harvest (Note [Harvest list]), and the
+/// streams of the segments they were listed from (a stream may have none left).
+struct HarvestList {
+    cands: Vec<(SegmentKey, FreeChunk)>,
+    streams: Vec<StreamId>,
+}
+
 /// How `best_candidate` ranks a page: taken without a synchronization, exactly the size
 /// wanted, then the address (as is, or reversed for the lowest first).
 type HarvestKey<A> = (bool, bool, A);
@@ -192,7 +199,9 @@ impl<B: Backend> State<B> {
                 return Ok((slot, before));
             }
         }
-        let mut grown: Vec<Grown> = Vec::new();
+        // A page per step, unless harvested chunks are smaller.
+        let mut grown: Vec<Grown> =
+            Vec::with_capacity((map_end - target.hole_start) as usize / page + 1);
         let mut harvest = None;
         let mut cursor = target.hole_start;
         while cursor < map_end {
@@ -265,6 +274,9 @@ impl<B: Backend> State<B> {
         let free = self.gap_to_free(target.seg, target.hole_start, run);
         let free = free.expect("the grown run lies in a gap of a live segment");
         debug_assert_eq!(self.pieces.get(free).start, target.start);
+        if let Some(list) = harvest {
+            self.harvest_spare = list.cands;
+        }
         Ok((slot, free))
     }
 
@@ -362,7 +374,7 @@ impl<B: Backend> State<B> {
         exclude: Harvester,
         held: usize,
         pressured: bool,
-        harvest: &mut Option<Vec<(SegmentKey, FreeChunk)>>,
+        harvest: &mut Option<HarvestList>,
     ) -> Result<(PhysHandle, usize, bool), GrowFail> {
         loop {
             if let Some((h, len)) = self.cache.take(want, room) {
@@ -427,15 +439,16 @@ impl<B: Backend> State<B> {
         exclude: Harvester,
         want: usize,
         quiet_only: bool,
-        listed: &mut Option<Vec<(SegmentKey, FreeChunk)>>,
+        listed: &mut Option<HarvestList>,
     ) -> Result<bool, GrowFail> {
-        let cands = match listed {
+        let list = match listed {
             Some(c) => c,
             None => listed.insert(self.harvest_candidates(exclude)),
         };
-        let Some(best) = self.best_candidate(cands, want, quiet_only, exclude.stream) else {
+        let Some(best) = self.best_candidate(list, want, quiet_only, exclude.stream) else {
             return Ok(false);
         };
+        let cands = &mut list.cands;
         let (seg, free) = cands[best];
         let stream = self.segments[&seg].stream;
         let needs_sync = self.needs_sync(stream);
@@ -502,21 +515,28 @@ impl<B: Backend> State<B> {
     ///
     /// One pass, and a segment's stream looked up once per run of its chunks (the list holds
     /// them together), not twice per chunk: the search over the segments' map per candidate was
-    /// most of a harvest's selection on the churn bench's full device.
+    /// most of a harvest's selection on the churn bench's full device. Two shortcuts that decide
+    /// nothing: with `quiet_only`, no pass at all when every stream listed needs a
+    /// synchronization (none qualifies: on one stream with blocks freed since its last one,
+    /// every growth's first look), and whether a page can be parked (a search of the parked
+    /// handles) is asked only of a page that would rank first by either order if it could.
     fn best_candidate(
         &self,
-        cands: &[(SegmentKey, FreeChunk)],
+        list: &HarvestList,
         want: usize,
         quiet_only: bool,
         stream: StreamId,
     ) -> Option<usize> {
+        if quiet_only && list.streams.iter().all(|&s| self.needs_sync(s)) {
+            return None;
+        }
         let mut seg_quiet: Option<(SegmentKey, StreamId, bool)> = None;
         // The best by the highest address and by the lowest, chosen between at the end: which
         // applies depends on every candidate's stream (Note [Harvest order]).
         let mut high: Option<(usize, HarvestKey<u64>)> = None;
         let mut low: Option<(usize, HarvestKey<std::cmp::Reverse<u64>>)> = None;
         let mut own_only = true;
-        for (i, (seg, c)) in cands.iter().enumerate() {
+        for (i, (seg, c)) in list.cands.iter().enumerate() {
             let (seg_stream, quiet) = match seg_quiet {
                 Some((s, st, q)) if s == *seg => (st, q),
                 _ => {
@@ -527,13 +547,20 @@ impl<B: Backend> State<B> {
                 }
             };
             own_only &= seg_stream == stream;
-            // Parked only on the way to an out-of-memory, not in the headroom (Note [Parked
-            // pages]).
-            let quiet = quiet || (!quiet_only && self.may_park(seg_stream, stream, c));
             if quiet_only && !(quiet && c.chunk.len <= want) {
                 continue;
             }
             let exact = c.chunk.len == want;
+            // A key only grows with `quiet`: a page that would not rank first by either order
+            // if it were quiet does not rank first as it is.
+            let beats_high = high.is_none_or(|(_, k)| (true, exact, c.at) > k);
+            let beats_low = low.is_none_or(|(_, k)| (true, exact, std::cmp::Reverse(c.at)) > k);
+            if !beats_high && !beats_low {
+                continue;
+            }
+            // Parked only on the way to an out-of-memory, not in the headroom (Note [Parked
+            // pages]).
+            let quiet = quiet || (!quiet_only && self.may_park(seg_stream, stream, c));
             let key = (quiet, exact, c.at);
             if high.is_none_or(|(_, k)| key > k) {
                 high = Some((i, key));
@@ -556,9 +583,12 @@ impl<B: Backend> State<B> {
     /// for the index both (the index's own update walked each of them first to find one free
     /// chunk, then this walk went over it again: a tenth of the churn bench's full-device time).
     /// Grouped by segment, each segment's chunks in address order.
-    fn harvest_candidates(&mut self, exclude: Harvester) -> Vec<(SegmentKey, FreeChunk)> {
+    fn harvest_candidates(&mut self, exclude: Harvester) -> HarvestList {
         let (ex_seg, ex_from, ex_to) = (exclude.seg, exclude.from, exclude.to);
-        let mut out = Vec::new();
+        // The last growth's list, for its allocation (one list grown anew per growth was a
+        // twentieth of a listing's cost).
+        let mut out = std::mem::take(&mut self.harvest_spare);
+        out.clear();
         let mut visited = 0;
         // Lists the free chunks of `key` (Note [Chunk cache]) but those in `exclude`; whether it
         // has one, excluded or not.
@@ -601,7 +631,22 @@ impl<B: Backend> State<B> {
             list(self, key, &mut out);
         }
         self.releasable.visits += visited;
-        out
+        // The list holds each segment's chunks together: one look-up per segment.
+        let mut streams: Vec<StreamId> = Vec::new();
+        let mut last = None;
+        for &(seg, _) in &out {
+            if last != Some(seg) {
+                last = Some(seg);
+                let st = self.segments[&seg].stream;
+                if !streams.contains(&st) {
+                    streams.push(st);
+                }
+            }
+        }
+        HarvestList {
+            cands: out,
+            streams,
+        }
     }
 
     /// Returns a handle the growth did not get to use.

@@ -202,6 +202,12 @@ impl Segment {
         self.parked_bytes += chunk.len;
     }
 
+    /// Takes every parked chunk out.
+    pub(crate) fn take_parked(&mut self) -> BTreeMap<u64, Chunk> {
+        self.parked_bytes = 0;
+        std::mem::take(&mut self.parked)
+    }
+
     pub(crate) fn remove_parked(&mut self, at: u64) -> Option<Chunk> {
         let chunk = self.parked.remove(&at)?;
         self.parked_bytes -= chunk.len;

@@ -8,7 +8,7 @@
 //! (one per way of counting) were a seventh of the churn bench's full-device run.
 
 use crate::backend::{Backend, StreamId};
-use crate::expandable::pieces::{Kind, PieceId};
+use crate::expandable::pieces::{Kind, Piece, PieceId};
 use crate::expandable::segment::{holes_less, Chunk, SegmentKey};
 use crate::expandable::size_index::StreamPool;
 use crate::expandable::state::State;
@@ -94,8 +94,8 @@ impl<B: Backend> State<B> {
                 let in_gap = |&(&at, _): &(&u64, &Chunk)| at < end;
                 if !stuck.peek().is_some_and(in_gap) && !parked.peek().is_some_and(in_gap) {
                     // One hole, the whole gap, for both ways of counting.
-                    self.consider(key, gap, p.start, end, rounded, &mut around);
-                    self.consider(key, gap, p.start, end, rounded, &mut over);
+                    let both = &mut [&mut around, &mut over];
+                    self.consider(key, p, p.start, end, rounded, both);
                     continue;
                 }
                 let (st, pk) = (stuck.clone(), parked.clone());
@@ -103,10 +103,10 @@ impl<B: Backend> State<B> {
                 while parked.next_if(in_gap).is_some() {}
                 let (st, pk) = (st.take_while(in_gap), pk.take_while(in_gap));
                 for (h_start, h_end) in holes_less(p.start, end, st.clone(), pk) {
-                    self.consider(key, gap, h_start, h_end, rounded, &mut around);
+                    self.consider(key, p, h_start, h_end, rounded, &mut [&mut around]);
                 }
                 for (h_start, h_end) in holes_less(p.start, end, st, std::iter::empty()) {
-                    self.consider(key, gap, h_start, h_end, rounded, &mut over);
+                    self.consider(key, p, h_start, h_end, rounded, &mut [&mut over]);
                 }
             }
         }
@@ -115,40 +115,45 @@ impl<B: Backend> State<B> {
     }
 
     /// Weighs the hole `[h_start, h_end)` of segment `key`, which lies in gap piece `gap`, as a
-    /// place for `rounded` bytes: the smallest span (free bytes before, hole, free bytes after)
-    /// that holds the request, the lowest address among equals (Note [Growth]).
+    /// place for `rounded` bytes, for each search in `bests` (its span computed once): the
+    /// smallest span (free bytes before, hole, free bytes after) that holds the request, the
+    /// lowest address among equals (Note [Growth]).
     fn consider(
         &self,
         key: SegmentKey,
-        gap: PieceId,
+        gap: &Piece,
         h_start: u64,
         h_end: u64,
         rounded: usize,
-        best: &mut Best,
+        bests: &mut [&mut Best],
     ) {
-        if best.done {
+        if bests.iter().all(|b| b.done) {
             return;
         }
         // The hole lies in one gap piece (gaps are merged), whose neighbours may be free.
-        let gap = *self.pieces.get(gap);
         let free = |id: PieceId| (self.pieces.kind(id) == Some(Kind::Free)).then_some(id);
         let before = free(gap.prev).filter(|_| gap.start == h_start);
         let after = free(gap.next).filter(|_| gap.end() == h_end);
         let start = before.map_or(h_start, |id| self.pieces.get(id).start);
         let after = after.map_or(0, |id| self.pieces.get(id).len as u64);
         let span = h_end - start + after;
-        if span < rounded as u64 || best.found.as_ref().is_some_and(|(b, _)| span >= *b) {
+        if span < rounded as u64 {
             return;
         }
-        let target = Target {
-            seg: key,
-            start,
-            before,
-            hole_start: h_start,
-            hole_end: h_end,
-            new_segment: false,
-        };
-        best.found = Some((span, target));
-        best.done = !self.config.best_fit_growth;
+        for best in bests.iter_mut() {
+            if best.done || best.found.as_ref().is_some_and(|(b, _)| span >= *b) {
+                continue;
+            }
+            let target = Target {
+                seg: key,
+                start,
+                before,
+                hole_start: h_start,
+                hole_end: h_end,
+                new_segment: false,
+            };
+            best.found = Some((span, target));
+            best.done = !self.config.best_fit_growth;
+        }
     }
 }
