@@ -536,6 +536,11 @@ impl<B: Backend> State<B> {
         let mut high: Option<(usize, HarvestKey<u64>)> = None;
         let mut low: Option<(usize, HarvestKey<std::cmp::Reverse<u64>>)> = None;
         let mut own_only = true;
+        // Which order decides is known before the pass when the lowest-first order is off, or
+        // when every stream listed is the growing one (`own_only` then holds): only that
+        // order's best is kept.
+        let lowest_first = self.config.harvest_lowest_first;
+        let low_only = lowest_first && list.streams.iter().all(|&s| s == stream);
         for (i, (seg, c)) in list.cands.iter().enumerate() {
             let (seg_stream, quiet) = match seg_quiet {
                 Some((s, st, q)) if s == *seg => (st, q),
@@ -553,8 +558,9 @@ impl<B: Backend> State<B> {
             let exact = c.chunk.len == want;
             // A key only grows with `quiet`: a page that would not rank first by either order
             // if it were quiet does not rank first as it is.
-            let beats_high = high.is_none_or(|(_, k)| (true, exact, c.at) > k);
-            let beats_low = low.is_none_or(|(_, k)| (true, exact, std::cmp::Reverse(c.at)) > k);
+            let beats_high = !low_only && high.is_none_or(|(_, k)| (true, exact, c.at) > k);
+            let beats_low =
+                lowest_first && low.is_none_or(|(_, k)| (true, exact, std::cmp::Reverse(c.at)) > k);
             if !beats_high && !beats_low {
                 continue;
             }
@@ -562,15 +568,15 @@ impl<B: Backend> State<B> {
             // pages]).
             let quiet = quiet || (!quiet_only && self.may_park(seg_stream, stream, c));
             let key = (quiet, exact, c.at);
-            if high.is_none_or(|(_, k)| key > k) {
+            if !low_only && high.is_none_or(|(_, k)| key > k) {
                 high = Some((i, key));
             }
             let key = (quiet, exact, std::cmp::Reverse(c.at));
-            if low.is_none_or(|(_, k)| key > k) {
+            if lowest_first && low.is_none_or(|(_, k)| key > k) {
                 low = Some((i, key));
             }
         }
-        if self.config.harvest_lowest_first && own_only {
+        if lowest_first && own_only {
             low.map(|(i, _)| i)
         } else {
             high.map(|(i, _)| i)

@@ -8,7 +8,7 @@
 //! (one per way of counting) were a seventh of the churn bench's full-device run.
 
 use crate::backend::{Backend, StreamId};
-use crate::expandable::pieces::{Kind, Piece, PieceId};
+use crate::expandable::pieces::{Kind, Piece, PieceId, NIL};
 use crate::expandable::segment::{holes_less, Chunk, SegmentKey};
 use crate::expandable::size_index::StreamPool;
 use crate::expandable::state::State;
@@ -131,11 +131,17 @@ impl<B: Backend> State<B> {
             return;
         }
         // The hole lies in one gap piece (gaps are merged), whose neighbours may be free.
-        let free = |id: PieceId| (self.pieces.kind(id) == Some(Kind::Free)).then_some(id);
-        let before = free(gap.prev).filter(|_| gap.start == h_start);
-        let after = free(gap.next).filter(|_| gap.end() == h_end);
-        let start = before.map_or(h_start, |id| self.pieces.get(id).start);
-        let after = after.map_or(0, |id| self.pieces.get(id).len as u64);
+        // The free neighbour the hole touches, looked up once (this runs for every gap of the
+        // segment on every growth).
+        let free = |id: PieceId, touches: bool| {
+            let p = (touches && id != NIL).then(|| self.pieces.get(id))?;
+            (p.kind == Kind::Free).then_some((id, p))
+        };
+        let before = free(gap.prev, gap.start == h_start);
+        let after = free(gap.next, gap.end() == h_end);
+        let start = before.map_or(h_start, |(_, p)| p.start);
+        let after = after.map_or(0, |(_, p)| p.len as u64);
+        let before = before.map(|(id, _)| id);
         let span = h_end - start + after;
         if span < rounded as u64 {
             return;
