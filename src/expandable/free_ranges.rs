@@ -184,7 +184,7 @@ impl<B: Backend> State<B> {
         let mut id = seg.tail;
         let free_pieces = std::iter::from_fn(move || {
             while id != NIL {
-                let (cur, p) = (id, *self.pieces.get(id));
+                let (cur, p) = (id, self.pieces.get(id));
                 id = p.prev;
                 if p.kind == Kind::Free && p.len >= granule {
                     return Some((cur, p.start, p.end()));
