@@ -94,7 +94,10 @@ impl<B: Backend> State<B> {
             let p = *p;
             let found = |(at, chunk): (u64, Chunk)| (key, FreeChunk { at, chunk, piece });
             if let Some(chunks) = self.chunk_cache.get(piece, p.stamp) {
-                out.extend(chunks.iter().copied().map(found));
+                // Most free pieces hold no whole chunk: nothing to copy.
+                if !chunks.is_empty() {
+                    out.extend(chunks.iter().copied().map(found));
+                }
                 continue;
             }
             let steps = Some(&self.chunk_walk_steps);
