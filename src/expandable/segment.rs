@@ -88,12 +88,12 @@ pub(crate) struct Segment {
     pub(crate) stuck: BTreeMap<u64, Chunk>,
     /// Old mappings of handles remapped elsewhere without a synchronization (Note [Parked
     /// pages] in `release.rs`): still mapped, never handed out, not counted in `mapped_bytes`;
-    /// the handle belongs to where it was remapped. Changed only through `add_parked` /
-    /// `remove_parked`.
+    /// the handle belongs to where it was remapped. Changed only through `add_parked`,
+    /// `remove_parked` and `take_parked`.
     pub(crate) parked: BTreeMap<u64, Chunk>,
-    /// Bytes of the parked chunks (kept by `add_parked` / `remove_parked`): the statistics
-    /// read it on every call, where summing `parked` cost 800 instructions per call on the churn
-    /// bench's full device.
+    /// Bytes of the parked chunks, kept by the three functions that change `parked`: the
+    /// statistics read it on every call, where summing `parked` cost 800 instructions per call
+    /// on the churn bench's full device.
     pub(crate) parked_bytes: usize,
 }
 
