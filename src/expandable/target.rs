@@ -131,17 +131,21 @@ impl<B: Backend> State<B> {
             return;
         }
         // The hole lies in one gap piece (gaps are merged), whose neighbours may be free.
-        // The free neighbour the hole touches, looked up once (this runs for every gap of the
-        // segment on every growth).
-        let free = |id: PieceId, touches: bool| {
-            let p = (touches && id != NIL).then(|| self.pieces.get(id))?;
-            (p.kind == Kind::Free).then_some((id, p))
-        };
-        let before = free(gap.prev, gap.start == h_start);
-        let after = free(gap.next, gap.end() == h_end);
-        let start = before.map_or(h_start, |(_, p)| p.start);
-        let after = after.map_or(0, |(_, p)| p.len as u64);
-        let before = before.map(|(id, _)| id);
+        // The free neighbours the hole touches, each looked up once (this runs for every gap
+        // of the segment on every growth).
+        let (mut start, mut before, mut after) = (h_start, None, 0);
+        if gap.start == h_start && gap.prev != NIL {
+            let p = self.pieces.get(gap.prev);
+            if p.kind == Kind::Free {
+                (start, before) = (p.start, Some(gap.prev));
+            }
+        }
+        if gap.end() == h_end && gap.next != NIL {
+            let p = self.pieces.get(gap.next);
+            if p.kind == Kind::Free {
+                after = p.len as u64;
+            }
+        }
         let span = h_end - start + after;
         if span < rounded as u64 {
             return;
