@@ -302,10 +302,19 @@ impl Ledger {
     }
 
     fn drop_if_gone(&mut self, id: u64) -> Gone {
-        let entry = *self.handles.get(&id)?;
+        Self::drop_handle_if_gone(&mut self.handles, &mut self.physical_bytes, id)
+    }
+
+    /// `drop_if_gone` on the two fields it changes, for a caller that holds another field.
+    fn drop_handle_if_gone(
+        handles: &mut FxHashMap<u64, HandleEntry>,
+        physical_bytes: &mut usize,
+        id: u64,
+    ) -> Gone {
+        let entry = *handles.get(&id)?;
         if entry.released && entry.mappings == 0 {
-            self.handles.remove(&id);
-            self.physical_bytes -= entry.len;
+            handles.remove(&id);
+            *physical_bytes -= entry.len;
             return Some((entry.raw, entry.len));
         }
         None
@@ -434,18 +443,21 @@ impl Ledger {
     /// now gone.
     pub(crate) fn apply_unmap(&mut self, range: Range<u64>) -> Vec<(RawHandle, usize)> {
         let mut gone = Vec::new();
-        // The mappings tile the range (checked): each starts where the one before ends.
-        let mut start = range.start;
-        while start < range.end {
-            let Some(m) = self.mappings.remove(&start) else {
-                break;
-            };
-            start += m.len as u64;
-            self.mapped_bytes -= m.len;
-            if let Some(entry) = self.handles.get_mut(&m.handle) {
+        // The mappings tile the range (checked): every mapping that starts in it goes, removed
+        // in one walk of the tree (a search per mapping was half of an unmap's cost).
+        let Self {
+            mappings,
+            handles,
+            mapped_bytes,
+            physical_bytes,
+            ..
+        } = self;
+        for (_, m) in mappings.extract_if(range, |_, _| true) {
+            *mapped_bytes -= m.len;
+            if let Some(entry) = handles.get_mut(&m.handle) {
                 entry.mappings -= 1;
             }
-            gone.extend(self.drop_if_gone(m.handle));
+            gone.extend(Self::drop_handle_if_gone(handles, physical_bytes, m.handle));
         }
         gone
     }

@@ -83,15 +83,21 @@ impl<B: Backend> State<B> {
         let granule = self.granularity;
         let mut id = seg.tail;
         while id != NIL {
-            let p = *self.pieces.get(id);
+            // Only the link, the kind and the length are read for most pieces (used pieces
+            // and gaps): this walk runs over every piece on every pressured growth.
+            let p = self.pieces.get(id);
             let piece = id;
             id = p.prev;
             if p.kind != Kind::Free || p.len < granule {
                 continue;
             }
+            let p = *p;
             let found = |(at, chunk): (u64, Chunk)| (key, FreeChunk { at, chunk, piece });
             if let Some(chunks) = self.chunk_cache.get(piece, p.stamp) {
-                out.extend(chunks.iter().copied().map(found));
+                // Most free pieces hold no whole chunk: nothing to copy.
+                if !chunks.is_empty() {
+                    out.extend(chunks.iter().copied().map(found));
+                }
                 continue;
             }
             let steps = Some(&self.chunk_walk_steps);

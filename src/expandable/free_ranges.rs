@@ -133,8 +133,13 @@ impl<B: Backend> State<B> {
         }
         let prev = self.pieces.get(gap).prev;
         if self.pieces.kind(prev) == Some(Kind::Gap) {
-            s.gaps.remove(&self.pieces.get(prev).start);
-            gap = self.pieces.merge_into_next(prev);
+            // The merged gap starts where the gap before did: its entry changes piece, one
+            // search instead of a removal and an insertion.
+            let merged = self.pieces.merge_into_next(prev);
+            if let Some(id) = s.gaps.get_mut(&self.pieces.get(merged).start) {
+                *id = merged;
+            }
+            return front;
         }
         s.gaps.insert(self.pieces.get(gap).start, gap);
         front
@@ -184,7 +189,7 @@ impl<B: Backend> State<B> {
         let mut id = seg.tail;
         let free_pieces = std::iter::from_fn(move || {
             while id != NIL {
-                let (cur, p) = (id, *self.pieces.get(id));
+                let (cur, p) = (id, self.pieces.get(id));
                 id = p.prev;
                 if p.kind == Kind::Free && p.len >= granule {
                     return Some((cur, p.start, p.end()));

@@ -110,25 +110,15 @@
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
 use crate::error::BackendError;
-use crate::expandable::pieces::{Kind, PieceId};
+use crate::expandable::pieces::PieceId;
 use crate::expandable::segment::{Chunk, FreeChunk, Segment, SegmentKey};
 use crate::expandable::size_index::StreamPool;
 use crate::expandable::state::State;
+use crate::expandable::target::Target;
 use crate::mechanism::counters::track;
 use crate::mechanism::deferred::Leftover;
 use crate::stats::PoolKind;
 use crate::units::DevAddr;
-
-/// Where a growth goes: the segment, the block's start (and the free piece that starts there,
-/// ending where the hole begins, if any), and the hole mapped from.
-struct Target {
-    seg: SegmentKey,
-    start: u64,
-    before: Option<PieceId>,
-    hole_start: u64,
-    hole_end: u64,
-    new_segment: bool,
-}
 
 /// What a harvest must respect: the growing stream (its own pages may be parked, Note
 /// [Parked pages] in `parked.rs`) and the range the growth relies on (segment, from, to), whose
@@ -139,6 +129,13 @@ struct Harvester {
     seg: SegmentKey,
     from: u64,
     to: u64,
+}
+
+/// A growth's remap candidates, listed on its first harvest (Note [Harvest list]), and the
+/// streams of the segments they were listed from (a stream may have none left).
+struct HarvestList {
+    cands: Vec<(SegmentKey, FreeChunk)>,
+    streams: Vec<StreamId>,
 }
 
 /// How `best_candidate` ranks a page: taken without a synchronization, exactly the size
@@ -202,7 +199,9 @@ impl<B: Backend> State<B> {
                 return Ok((slot, before));
             }
         }
-        let mut grown: Vec<Grown> = Vec::new();
+        // A page per step, unless harvested chunks are smaller.
+        let mut grown: Vec<Grown> =
+            Vec::with_capacity((map_end - target.hole_start) as usize / page + 1);
         let mut harvest = None;
         let mut cursor = target.hole_start;
         while cursor < map_end {
@@ -275,91 +274,10 @@ impl<B: Backend> State<B> {
         let free = self.gap_to_free(target.seg, target.hole_start, run);
         let free = free.expect("the grown run lies in a gap of a live segment");
         debug_assert_eq!(self.pieces.get(free).start, target.start);
+        if let Some(list) = harvest {
+            self.harvest_spare = list.cands;
+        }
         Ok((slot, free))
-    }
-
-    /// Where a growth of `rounded` bytes for (stream, pool) goes (Note [Growth]). With pages
-    /// parked (Note [Parked pages] in `parked.rs`), the lowest place counting them as mapped,
-    /// unless counting them as holes needs fewer new bytes mapped there (a free range then
-    /// reaches into them): unparking may cost a synchronization, mapping more costs memory.
-    fn choose_target(&self, stream: StreamId, pool: PoolKind, rounded: usize) -> Option<Target> {
-        let around = self.find_target(stream, pool, rounded, false);
-        if self.parked_handles.is_empty() {
-            return around;
-        }
-        let over = self.find_target(stream, pool, rounded, true);
-        let g = self.granularity as u64;
-        let new_bytes = |t: &Target| {
-            let need_end = (t.start + rounded as u64).next_multiple_of(g);
-            need_end.min(t.hole_end).saturating_sub(t.hole_start)
-        };
-        match (around, over) {
-            (Some(a), Some(o)) if new_bytes(&o) < new_bytes(&a) => Some(o),
-            (None, o) => o,
-            (a, _) => a,
-        }
-    }
-
-    /// The place in an existing segment of (stream, pool) where `rounded` fits once the hole
-    /// there is mapped: the best fit with `best_fit_growth`, else the lowest (Note [Growth]);
-    /// with `over_parked`, parked pages count as holes.
-    fn find_target(
-        &self,
-        stream: StreamId,
-        pool: PoolKind,
-        rounded: usize,
-        over_parked: bool,
-    ) -> Option<Target> {
-        let slot = self.index.find(StreamPool { stream, pool })?;
-        // The smallest span (free bytes before, hole, free bytes after) that holds the request,
-        // the lowest address among equals (Note [Growth]).
-        let mut best: Option<(u64, Target)> = None;
-        let all = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
-        for &(_, key) in self.segments_by_slot.range(all) {
-            let seg = &self.segments[&key];
-            let holes: Box<dyn Iterator<Item = (u64, u64)>> = if over_parked {
-                Box::new(seg.holes_unparked())
-            } else {
-                Box::new(seg.holes())
-            };
-            // The last gap starting at or before the hole (`gap_before`), found by walking the
-            // gap map beside the holes: one search per hole was 4 % of the churn bench's
-            // full-device time. Parked pages lie in gap pieces, so either kind of hole has one.
-            let mut gaps = seg.gaps.iter().peekable();
-            let mut last_gap = None;
-            for (h_start, h_end) in holes {
-                while let Some((_, &id)) = gaps.next_if(|(&s, _)| s <= h_start) {
-                    last_gap = Some(id);
-                }
-                // The hole lies in one gap piece (gaps are merged), whose neighbours may be free.
-                let Some(gap) = last_gap else {
-                    continue;
-                };
-                let gap = *self.pieces.get(gap);
-                let free = |id: PieceId| (self.pieces.kind(id) == Some(Kind::Free)).then_some(id);
-                let before = free(gap.prev).filter(|_| gap.start == h_start);
-                let after = free(gap.next).filter(|_| gap.end() == h_end);
-                let start = before.map_or(h_start, |id| self.pieces.get(id).start);
-                let after = after.map_or(0, |id| self.pieces.get(id).len as u64);
-                let span = h_end - start + after;
-                if span < rounded as u64 || best.as_ref().is_some_and(|(b, _)| span >= *b) {
-                    continue;
-                }
-                let target = Target {
-                    seg: key,
-                    start,
-                    before,
-                    hole_start: h_start,
-                    hole_end: h_end,
-                    new_segment: false,
-                };
-                if !self.config.best_fit_growth {
-                    return Some(target);
-                }
-                best = Some((span, target));
-            }
-        }
-        best.map(|(_, target)| target)
     }
 
     /// Makes the target's hole mappable (Note [Parked pages] in `parked.rs`): parked pages
@@ -456,7 +374,7 @@ impl<B: Backend> State<B> {
         exclude: Harvester,
         held: usize,
         pressured: bool,
-        harvest: &mut Option<Vec<(SegmentKey, FreeChunk)>>,
+        harvest: &mut Option<HarvestList>,
     ) -> Result<(PhysHandle, usize, bool), GrowFail> {
         loop {
             if let Some((h, len)) = self.cache.take(want, room) {
@@ -521,15 +439,16 @@ impl<B: Backend> State<B> {
         exclude: Harvester,
         want: usize,
         quiet_only: bool,
-        listed: &mut Option<Vec<(SegmentKey, FreeChunk)>>,
+        listed: &mut Option<HarvestList>,
     ) -> Result<bool, GrowFail> {
-        let cands = match listed {
+        let list = match listed {
             Some(c) => c,
             None => listed.insert(self.harvest_candidates(exclude)),
         };
-        let Some(best) = self.best_candidate(cands, want, quiet_only, exclude.stream) else {
+        let Some(best) = self.best_candidate(list, want, quiet_only, exclude.stream) else {
             return Ok(false);
         };
+        let cands = &mut list.cands;
         let (seg, free) = cands[best];
         let stream = self.segments[&seg].stream;
         let needs_sync = self.needs_sync(stream);
@@ -596,21 +515,33 @@ impl<B: Backend> State<B> {
     ///
     /// One pass, and a segment's stream looked up once per run of its chunks (the list holds
     /// them together), not twice per chunk: the search over the segments' map per candidate was
-    /// most of a harvest's selection on the churn bench's full device.
+    /// most of a harvest's selection on the churn bench's full device. Two shortcuts that decide
+    /// nothing: with `quiet_only`, no pass at all when every stream listed needs a
+    /// synchronization (none qualifies: on one stream with blocks freed since its last one,
+    /// every growth's first look), and whether a page can be parked (a search of the parked
+    /// handles) is asked only of a page that would rank first by either order if it could.
     fn best_candidate(
         &self,
-        cands: &[(SegmentKey, FreeChunk)],
+        list: &HarvestList,
         want: usize,
         quiet_only: bool,
         stream: StreamId,
     ) -> Option<usize> {
+        if quiet_only && list.streams.iter().all(|&s| self.needs_sync(s)) {
+            return None;
+        }
         let mut seg_quiet: Option<(SegmentKey, StreamId, bool)> = None;
         // The best by the highest address and by the lowest, chosen between at the end: which
         // applies depends on every candidate's stream (Note [Harvest order]).
         let mut high: Option<(usize, HarvestKey<u64>)> = None;
         let mut low: Option<(usize, HarvestKey<std::cmp::Reverse<u64>>)> = None;
         let mut own_only = true;
-        for (i, (seg, c)) in cands.iter().enumerate() {
+        // Which order decides is known before the pass when the lowest-first order is off, or
+        // when every stream listed is the growing one (`own_only` then holds): only that
+        // order's best is kept.
+        let lowest_first = self.config.harvest_lowest_first;
+        let low_only = lowest_first && list.streams.iter().all(|&s| s == stream);
+        for (i, (seg, c)) in list.cands.iter().enumerate() {
             let (seg_stream, quiet) = match seg_quiet {
                 Some((s, st, q)) if s == *seg => (st, q),
                 _ => {
@@ -621,23 +552,31 @@ impl<B: Backend> State<B> {
                 }
             };
             own_only &= seg_stream == stream;
-            // Parked only on the way to an out-of-memory, not in the headroom (Note [Parked
-            // pages]).
-            let quiet = quiet || (!quiet_only && self.may_park(seg_stream, stream, c));
             if quiet_only && !(quiet && c.chunk.len <= want) {
                 continue;
             }
             let exact = c.chunk.len == want;
+            // A key only grows with `quiet`: a page that would not rank first by either order
+            // if it were quiet does not rank first as it is.
+            let beats_high = !low_only && high.is_none_or(|(_, k)| (true, exact, c.at) > k);
+            let beats_low =
+                lowest_first && low.is_none_or(|(_, k)| (true, exact, std::cmp::Reverse(c.at)) > k);
+            if !beats_high && !beats_low {
+                continue;
+            }
+            // Parked only on the way to an out-of-memory, not in the headroom (Note [Parked
+            // pages]).
+            let quiet = quiet || (!quiet_only && self.may_park(seg_stream, stream, c));
             let key = (quiet, exact, c.at);
-            if high.is_none_or(|(_, k)| key > k) {
+            if !low_only && high.is_none_or(|(_, k)| key > k) {
                 high = Some((i, key));
             }
             let key = (quiet, exact, std::cmp::Reverse(c.at));
-            if low.is_none_or(|(_, k)| key > k) {
+            if lowest_first && low.is_none_or(|(_, k)| key > k) {
                 low = Some((i, key));
             }
         }
-        if self.config.harvest_lowest_first && own_only {
+        if lowest_first && own_only {
             low.map(|(i, _)| i)
         } else {
             high.map(|(i, _)| i)
@@ -650,9 +589,12 @@ impl<B: Backend> State<B> {
     /// for the index both (the index's own update walked each of them first to find one free
     /// chunk, then this walk went over it again: a tenth of the churn bench's full-device time).
     /// Grouped by segment, each segment's chunks in address order.
-    fn harvest_candidates(&mut self, exclude: Harvester) -> Vec<(SegmentKey, FreeChunk)> {
+    fn harvest_candidates(&mut self, exclude: Harvester) -> HarvestList {
         let (ex_seg, ex_from, ex_to) = (exclude.seg, exclude.from, exclude.to);
-        let mut out = Vec::new();
+        // The last growth's list, for its allocation (one list grown anew per growth was a
+        // twentieth of a listing's cost).
+        let mut out = std::mem::take(&mut self.harvest_spare);
+        out.clear();
         let mut visited = 0;
         // Lists the free chunks of `key` (Note [Chunk cache]) but those in `exclude`; whether it
         // has one, excluded or not.
@@ -695,7 +637,22 @@ impl<B: Backend> State<B> {
             list(self, key, &mut out);
         }
         self.releasable.visits += visited;
-        out
+        // The list holds each segment's chunks together: one look-up per segment.
+        let mut streams: Vec<StreamId> = Vec::new();
+        let mut last = None;
+        for &(seg, _) in &out {
+            if last != Some(seg) {
+                last = Some(seg);
+                let st = self.segments[&seg].stream;
+                if !streams.contains(&st) {
+                    streams.push(st);
+                }
+            }
+        }
+        HarvestList {
+            cands: out,
+            streams,
+        }
     }
 
     /// Returns a handle the growth did not get to use.

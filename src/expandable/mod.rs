@@ -31,6 +31,7 @@ mod size_index;
 mod snapshot;
 mod sorted_runs;
 mod state;
+mod target;
 
 use crate::sync::Mutex;
 

@@ -13,13 +13,13 @@
 //! Invariants (checked by `check`):
 //! * chunks do not overlap and lie inside `va`; `mapped_bytes == Σ chunk.len`;
 //! * the pieces cover `va`; every free piece and every block lies inside contiguous chunks, and
-//!   the gap pieces are exactly what no chunk covers;
-//! * `Σ free + Σ live + Σ pending == mapped_bytes`.
+//!   the gap pieces are exactly what no chunk covers; stuck and parked chunks lie in gaps;
+//! * `Σ free + Σ live + Σ pending == mapped_bytes`; `parked_bytes == Σ parked chunk.len`.
 
 use std::collections::BTreeMap;
 
 use crate::backend::{PhysHandle, StreamId};
-use crate::expandable::pieces::PieceId;
+use crate::expandable::pieces::{PieceId, Pieces};
 use crate::stats::PoolKind;
 use crate::units::VaRange;
 
@@ -72,14 +72,14 @@ pub(crate) struct Segment {
     pub(crate) va: VaRange,
     pub(crate) stream: StreamId,
     pub(crate) pool: PoolKind,
-    /// start address -> chunk. Changed only through `add_chunk` / `remove_chunk`, which keep
-    /// `occupied` in step.
+    /// start address -> chunk. Changed only through `add_chunk` / `remove_chunk`.
     pub(crate) chunks: BTreeMap<u64, Chunk>,
     /// The slot of the best-fit index of (stream, pool) in `State::index`.
     pub(crate) slot: u32,
     /// The last piece of the tiling (Note [Pieces]): its index never changes.
     pub(crate) tail: PieceId,
-    /// start -> gap piece: where growth finds the pieces around a hole.
+    /// start -> gap piece: where growth finds the holes and the pieces around them (Note
+    /// [Holes from gaps]).
     pub(crate) gaps: BTreeMap<u64, PieceId>,
     pub(crate) mapped_bytes: usize,
     /// Chunks a rolled-back growth could not unmap (Note [Stuck chunks] in `growth.rs`): still
@@ -88,16 +88,13 @@ pub(crate) struct Segment {
     pub(crate) stuck: BTreeMap<u64, Chunk>,
     /// Old mappings of handles remapped elsewhere without a synchronization (Note [Parked
     /// pages] in `release.rs`): still mapped, never handed out, not counted in `mapped_bytes`;
-    /// the handle belongs to where it was remapped. Changed only through `add_parked` /
-    /// `remove_parked`.
+    /// the handle belongs to where it was remapped. Changed only through `add_parked`,
+    /// `remove_parked` and `take_parked`.
     pub(crate) parked: BTreeMap<u64, Chunk>,
-    /// start -> end of each maximal run of chunks, stuck and parked chunks: the mapped parts of
-    /// `va`, so that finding a hole walks the holes, not every chunk (growth asks on every page
-    /// it maps; collecting all chunks each time was a fifth of a replay's time).
-    occupied: BTreeMap<u64, u64>,
-    /// The same runs without the parked chunks: what growth may map over once it unparks them
-    /// (Note [Parked pages] in `parked.rs`).
-    solid: BTreeMap<u64, u64>,
+    /// Bytes of the parked chunks, kept by the three functions that change `parked`: the
+    /// statistics read it on every call, where summing `parked` cost 800 instructions per call
+    /// on the churn bench's full device.
+    pub(crate) parked_bytes: usize,
 }
 
 impl Segment {
@@ -120,8 +117,7 @@ impl Segment {
             mapped_bytes: 0,
             stuck: BTreeMap::new(),
             parked: BTreeMap::new(),
-            occupied: BTreeMap::new(),
-            solid: BTreeMap::new(),
+            parked_bytes: 0,
         }
     }
 
@@ -133,16 +129,39 @@ impl Segment {
         self.va.start.get() + self.va.len as u64
     }
 
-    /// The unmapped holes, in address order, as `(start, end)`. Stuck and parked chunks are no
-    /// hole: they are still mapped, and mapping over them would fail.
-    pub(crate) fn holes(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.holes_between(&self.occupied)
+    /// The unmapped holes, in address order, as `(start, end)`; with `over_parked`, parked
+    /// chunks count as unmapped (growth may map there once it unparks them, Note [Parked pages]
+    /// in `parked.rs`). Stuck chunks are never a hole: they are still mapped, and mapping over
+    /// them would fail.
+    ///
+    /// Note [Holes from gaps]: the gap pieces are exactly what no chunk covers (checked by
+    /// `check`), and stuck and parked chunks lie in them, so the holes are the gaps less those.
+    /// Maps of the mapped runs kept beside the chunk map (with parked chunks and without) cost
+    /// two B-tree updates each per chunk mapped, unmapped or parked: about a fifth of the churn
+    /// bench's full-device run.
+    pub(crate) fn holes<'a>(
+        &'a self,
+        pieces: &'a Pieces,
+        over_parked: bool,
+    ) -> impl Iterator<Item = (u64, u64)> + 'a {
+        self.gaps.values().flat_map(move |&id| {
+            let p = pieces.get(id);
+            self.gap_holes(p.start, p.end(), over_parked)
+        })
     }
 
-    /// The holes growth may map once it unparks the parked chunks in them: parked chunks count
-    /// as unmapped (Note [Parked pages] in `parked.rs`).
-    pub(crate) fn holes_unparked(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.holes_between(&self.solid)
+    /// The holes inside the gap piece `[start, end)`: the gap less the stuck chunks in it and,
+    /// unless `over_parked`, less the parked ones (Note [Holes from gaps]).
+    pub(crate) fn gap_holes(
+        &self,
+        start: u64,
+        end: u64,
+        over_parked: bool,
+    ) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let parked = self
+            .parked
+            .range(if over_parked { end..end } else { start..end });
+        holes_less(start, end, self.stuck.range(start..end), parked)
     }
 
     /// Whether a parked chunk lies in `[at, end)`.
@@ -153,119 +172,46 @@ impl Segment {
             .is_some_and(|(&s, c)| s + c.len as u64 > at)
     }
 
-    fn holes_between<'a>(
-        &'a self,
-        runs: &'a BTreeMap<u64, u64>,
-    ) -> impl Iterator<Item = (u64, u64)> + 'a {
-        let mut cursor = self.start();
-        let end = self.end();
-        runs.iter()
-            .map(|(&s, &e)| (s, e))
-            .chain(std::iter::once((end, end)))
-            .filter_map(move |(s, e)| {
-                let hole = (s > cursor).then_some((cursor, s));
-                cursor = e;
-                hole
-            })
+    /// Whether a chunk (not stuck, not parked) overlaps `[at, end)`: for `check`, which asks it
+    /// of every gap piece (Note [Holes from gaps]).
+    pub(crate) fn chunk_in(&self, at: u64, end: u64) -> bool {
+        self.chunks
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&s, c)| s + c.len as u64 > at)
     }
 
     pub(crate) fn add_chunk(&mut self, at: u64, chunk: Chunk) {
         self.chunks.insert(at, chunk);
-        self.occupy(at, at + chunk.len as u64, true);
     }
 
     pub(crate) fn remove_chunk(&mut self, at: u64) -> Option<Chunk> {
-        let chunk = self.chunks.remove(&at)?;
-        self.vacate(at, at + chunk.len as u64, true);
-        Some(chunk)
+        self.chunks.remove(&at)
     }
 
     pub(crate) fn add_stuck(&mut self, at: u64, chunk: Chunk) {
         self.stuck.insert(at, chunk);
-        self.occupy(at, at + chunk.len as u64, true);
     }
 
     pub(crate) fn remove_stuck(&mut self, at: u64) -> Option<Chunk> {
-        let chunk = self.stuck.remove(&at)?;
-        self.vacate(at, at + chunk.len as u64, true);
-        Some(chunk)
+        self.stuck.remove(&at)
     }
 
     pub(crate) fn add_parked(&mut self, at: u64, chunk: Chunk) {
         self.parked.insert(at, chunk);
-        self.occupy(at, at + chunk.len as u64, false);
+        self.parked_bytes += chunk.len;
+    }
+
+    /// Takes every parked chunk out.
+    pub(crate) fn take_parked(&mut self) -> BTreeMap<u64, Chunk> {
+        self.parked_bytes = 0;
+        std::mem::take(&mut self.parked)
     }
 
     pub(crate) fn remove_parked(&mut self, at: u64) -> Option<Chunk> {
         let chunk = self.parked.remove(&at)?;
-        self.vacate(at, at + chunk.len as u64, false);
+        self.parked_bytes -= chunk.len;
         Some(chunk)
-    }
-
-    /// Whether `occupied` is exactly the runs of `chunks`, `stuck` and `parked`, and `solid`
-    /// those of `chunks` and `stuck`: for `check`.
-    pub(crate) fn occupied_is_consistent(&self) -> bool {
-        let solid = self.chunks.iter().chain(&self.stuck);
-        let runs = |m: &BTreeMap<u64, u64>| m.iter().map(|(&s, &e)| (s, e)).collect::<Vec<_>>();
-        Self::runs_of(solid.clone()) == runs(&self.solid)
-            && Self::runs_of(solid.chain(&self.parked)) == runs(&self.occupied)
-    }
-
-    fn runs_of<'a>(chunks: impl Iterator<Item = (&'a u64, &'a Chunk)>) -> Vec<(u64, u64)> {
-        let mut taken: Vec<(u64, u64)> = chunks.map(|(&at, c)| (at, at + c.len as u64)).collect();
-        taken.sort_unstable();
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for (s, e) in taken {
-            match runs.last_mut() {
-                Some(last) if last.1 == s => last.1 = e,
-                _ => runs.push((s, e)),
-            }
-        }
-        runs
-    }
-
-    /// `[at, end)` became mapped (`solid`: by a chunk or a stuck chunk, not a parked one):
-    /// merge it with the runs it touches.
-    fn occupy(&mut self, at: u64, end: u64, solid: bool) {
-        Self::occupy_in(&mut self.occupied, at, end);
-        if solid {
-            Self::occupy_in(&mut self.solid, at, end);
-        }
-    }
-
-    fn occupy_in(runs: &mut BTreeMap<u64, u64>, at: u64, end: u64) {
-        let mut start = at;
-        let before = runs.range(..=at).next_back().map(|(&s, &e)| (s, e));
-        if let Some((s, e)) = before.filter(|&(_, e)| e == at) {
-            runs.remove(&s);
-            start = s;
-            debug_assert_eq!(e, at);
-        }
-        let end = runs.remove(&end).unwrap_or(end);
-        runs.insert(start, end);
-    }
-
-    /// `[at, end)` is no longer mapped: split the runs holding it.
-    fn vacate(&mut self, at: u64, end: u64, solid: bool) {
-        Self::vacate_in(&mut self.occupied, at, end);
-        if solid {
-            Self::vacate_in(&mut self.solid, at, end);
-        }
-    }
-
-    fn vacate_in(runs: &mut BTreeMap<u64, u64>, at: u64, end: u64) {
-        let run = runs.range(..=at).next_back().map(|(&s, &e)| (s, e));
-        let Some((s, e)) = run.filter(|&(_, e)| e >= end) else {
-            debug_assert!(false, "vacating {at:#x}..{end:#x}, which is not occupied");
-            return;
-        };
-        runs.remove(&s);
-        if s < at {
-            runs.insert(s, at);
-        }
-        if end < e {
-            runs.insert(end, e);
-        }
     }
 
     /// The last gap piece starting at or before `at` (the caller checks that it reaches `at`).
@@ -293,4 +239,39 @@ impl Segment {
         }
         cursor >= end
     }
+}
+
+/// The holes of `[start, end)` less the chunks of `stuck` and `parked` (each in address order,
+/// all inside the range), in address order.
+pub(crate) fn holes_less<'a>(
+    start: u64,
+    end: u64,
+    stuck: impl Iterator<Item = (&'a u64, &'a Chunk)>,
+    parked: impl Iterator<Item = (&'a u64, &'a Chunk)>,
+) -> impl Iterator<Item = (u64, u64)> {
+    let (mut stuck, mut parked) = (stuck.peekable(), parked.peekable());
+    let mut cursor = start;
+    std::iter::from_fn(move || loop {
+        if cursor >= end {
+            return None;
+        }
+        // The next stuck or parked chunk, in address order.
+        let s = stuck.peek().map(|(&at, _)| at);
+        let p = parked.peek().map(|(&at, _)| at);
+        let next = match (s, p) {
+            (Some(a), Some(b)) if b < a => parked.next(),
+            (Some(_), _) => stuck.next(),
+            (None, Some(_)) => parked.next(),
+            (None, None) => None,
+        };
+        let (hole_end, after) = match next {
+            Some((&at, c)) => (at, at + c.len as u64),
+            None => (end, end),
+        };
+        let hole = (hole_end > cursor).then_some((cursor, hole_end));
+        cursor = after;
+        if hole.is_some() {
+            return hole;
+        }
+    })
 }

@@ -39,7 +39,7 @@ impl<B: Backend> State<B> {
                 });
             }
             // Parked pages hold no memory of their own (Note [Parked pages]): shown unmapped.
-            for (start, end) in seg.holes_unparked() {
+            for (start, end) in seg.holes(&self.pieces, true) {
                 blocks.push(BlockInfo {
                     address: DevAddr::new(start),
                     size: (end - start) as usize,

@@ -21,7 +21,7 @@ use crate::expandable::last_free::LastFree;
 use crate::expandable::pieces::{PieceId, Pieces};
 use crate::expandable::recent_frees::RecentFrees;
 use crate::expandable::releasable::ReleaseIndex;
-use crate::expandable::segment::{Segment, SegmentKey};
+use crate::expandable::segment::{FreeChunk, Segment, SegmentKey};
 use crate::expandable::size_index::Indexes;
 use crate::mechanism::deferred::Deferred;
 use crate::mechanism::stream_uses::StreamUses;
@@ -74,6 +74,8 @@ pub(crate) struct State<B: Backend> {
     pub(crate) chunk_walk_steps: std::cell::Cell<u64>,
     /// The fully-free chunks of free pieces, kept between pressured growths (Note [Chunk cache]).
     pub(crate) chunk_cache: ChunkCache,
+    /// The last pressured growth's remap candidates, emptied: kept for its allocation.
+    pub(crate) harvest_spare: Vec<(SegmentKey, FreeChunk)>,
     pub(crate) live: FxHashMap<u64, Block>,
     /// The latest free, until the next allocation (Note [Last free] in `last_free.rs`).
     pub(crate) last_free: Option<LastFree>,
@@ -131,6 +133,7 @@ impl<B: Backend> State<B> {
             releasable: ReleaseIndex::default(),
             chunk_walk_steps: std::cell::Cell::new(0),
             chunk_cache: ChunkCache::default(),
+            harvest_spare: Vec::new(),
             live: FxHashMap::default(),
             last_free: None,
             pending: Vec::new(),
@@ -170,8 +173,7 @@ impl<B: Backend> State<B> {
         let stuck = self.segments.values().flat_map(|s| s.stuck.values());
         let stuck: usize = stuck.map(|c| c.len).sum();
         stats.stuck_bytes = (stuck + self.deferred.mapped_bytes()) as u64;
-        let parked = self.segments.values().flat_map(|s| s.parked.values());
-        stats.parked_bytes = parked.map(|c| c.len as u64).sum();
+        stats.parked_bytes = self.segments.values().map(|s| s.parked_bytes as u64).sum();
         stats.parked_pages = self.parked_handles.len() as u64;
         stats
     }

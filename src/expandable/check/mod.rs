@@ -114,4 +114,33 @@ mod tests {
         let v = s.check().unwrap_err();
         assert!(matches!(v, V::NotIndexed { len: l, .. } if l == len), "{v}");
     }
+
+    #[test]
+    fn a_chunk_inside_a_gap_and_parked_bytes_out_of_step_are_found() {
+        use crate::expandable::segment::Chunk;
+        let mut s = State::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
+        let _live = s.allocate(3 << 20, StreamId::DEFAULT).unwrap();
+        s.check().unwrap();
+        let seg = *s.segments.keys().next().unwrap();
+        let g = s.granularity;
+        let s_ = s.segments.get_mut(&seg).unwrap();
+        // Past the mapped pages: the segment's last gap, where `holes` would map over it (Note
+        // [Holes from gaps]).
+        let at = s_.end() - g as u64;
+        let chunk = Chunk {
+            handle: crate::backend::PhysHandle(u64::MAX),
+            len: g,
+        };
+        s_.add_chunk(at, chunk);
+        s_.mapped_bytes += g;
+        let v = s.check().unwrap_err();
+        assert!(matches!(v, V::Tiling { .. }), "{v}");
+        let s_ = s.segments.get_mut(&seg).unwrap();
+        s_.remove_chunk(at);
+        s_.mapped_bytes -= g;
+        s.check().unwrap();
+        s.segments.get_mut(&seg).unwrap().parked_bytes += g;
+        let v = s.check().unwrap_err();
+        assert!(matches!(v, V::Count { .. }), "{v}");
+    }
 }

@@ -69,7 +69,7 @@ impl<B: Backend> State<B> {
     }
 
     /// Chunks lie inside the VA, disjoint, in whole granules, summing to `mapped_bytes`; stuck
-    /// chunks overlap none; the mapped runs agree with both. Returns the bytes mapped.
+    /// and parked chunks overlap none; the parked bytes are counted. Returns the bytes mapped.
     fn check_chunks(&self, seg: &Segment) -> Result<usize, V> {
         let segment = seg.va.start;
         let (mut cursor, mut sum) = (seg.start(), 0);
@@ -121,11 +121,12 @@ impl<B: Backend> State<B> {
                 });
             }
         }
-        if !seg.occupied_is_consistent() {
-            // The runs `holes` walks are not the chunks: growth would map over a chunk.
-            return Err(V::Tiling {
-                segment,
-                at: segment,
+        let parked: usize = seg.parked.values().map(|c| c.len).sum();
+        if parked != seg.parked_bytes {
+            return Err(V::Count {
+                what: "parked bytes kept by the segment, against its parked chunks",
+                kept: seg.parked_bytes,
+                found: parked,
             });
         }
         if sum != seg.mapped_bytes {
@@ -139,7 +140,7 @@ impl<B: Backend> State<B> {
     }
 
     /// The tiling covers the VA in linked order; free pieces are mapped, never touch and are
-    /// indexed; gaps are merged and listed; used pieces are mapped.
+    /// indexed; gaps are merged, listed and hold no chunk; used pieces are mapped.
     fn check_tiling(&self, seg: &Segment, tiling: &[PieceId]) -> Result<Tiled, V> {
         let segment = seg.va.start;
         let (mut cursor, mut prev) = (seg.start(), (NIL, None));
@@ -168,6 +169,11 @@ impl<B: Backend> State<B> {
                 }
                 Kind::Gap => {
                     t.gaps += 1;
+                    // With the mapped non-gap pieces: the gaps are exactly what no chunk
+                    // covers, which `holes` relies on (Note [Holes from gaps]).
+                    if seg.chunk_in(p.start, p.end()) {
+                        return Err(V::Tiling { segment, at });
+                    }
                     if seg.gaps.get(&p.start) != Some(&id) {
                         return Err(V::Count {
                             what: "gap pieces listed in the segment's gap map",
