@@ -62,6 +62,7 @@ mod slow_allocate;
 
 pub(crate) use slow_allocate::allocate;
 
+use arrayvec::ArrayVec;
 use rustc_hash::FxHashSet;
 
 use allowance::{Amount, Scoped};
@@ -108,7 +109,7 @@ struct Pairs {
 /// to count.
 #[derive(Default, Debug)]
 pub(crate) struct Shard {
-    stashed: Vec<Stashed>,
+    stashed: ArrayVec<Stashed, PER_SHARD>,
     slow_only: FxHashSet<u64>,
     /// Small pool, large pool.
     pairs: [Pairs; 2],
