@@ -31,7 +31,7 @@ use std::sync::Arc;
 #[cfg(feature = "cuda")]
 pub use cuda::{CudaMemory, DeviceBuffer, DeviceBufferError};
 
-use crate::allocator::{count_leak, Allocation, Allocator};
+use crate::allocator::{count_leak, Allocation, Allocator, AllocatorId};
 use crate::backend::StreamId;
 use crate::error::AllocError;
 use crate::units::DevAddr;
@@ -46,6 +46,11 @@ pub struct Buffer<A: Allocator + ?Sized> {
     ptr: DevAddr,
     /// Bytes asked for (the allocation may be larger).
     len: usize,
+    /// Bytes of the allocation (its rounded size) and the allocator that made it: with the
+    /// address, the stream and `len`, the allocation itself, given back whole on drop so that an
+    /// allocator's front cache can stash it without its lock (Note [Front cache]).
+    size: usize,
+    owner: AllocatorId,
     home: StreamId,
     /// The last stream other than `home` declared with `record_stream`, `+ 1` (0: none): a buffer
     /// used over and over on one side stream tells the allocator once, not per use.
@@ -64,11 +69,15 @@ impl<A: Allocator + ?Sized> Buffer<A> {
     pub fn adopt(allocator: Arc<A>, allocation: Allocation) -> Self {
         let len = allocation.requested();
         let home = allocation.stream();
+        let size = allocation.size();
+        let owner = allocation.allocator();
         let ptr = allocation.into_ptr();
         Self {
             allocator,
             ptr,
             len,
+            size,
+            owner,
             home,
             last_recorded: AtomicU64::new(NO_STREAM),
         }
@@ -128,12 +137,25 @@ impl<A: Allocator + ?Sized> Buffer<A> {
     /// Frees the buffer now, reporting a failure the drop could only count (the memory then
     /// stays allocated and is counted as a leak, as on drop).
     pub fn free(mut self) -> Result<(), AllocError> {
-        let freed = self.allocator.deallocate_ptr(self.ptr);
+        let freed = self.give_back();
         if freed.is_err() {
             count_leak(self.len);
         }
-        self.ptr = FREED;
         freed
+    }
+
+    /// Returns the memory to the allocator as the allocation it was; the buffer holds nothing
+    /// after.
+    fn give_back(&mut self) -> Result<(), AllocError> {
+        let allocation = Allocation {
+            ptr: self.ptr,
+            size: self.size,
+            requested: self.len,
+            stream: self.home,
+            owner: self.owner,
+        };
+        self.ptr = FREED;
+        self.allocator.deallocate(allocation)
     }
 }
 
@@ -142,7 +164,7 @@ const FREED: DevAddr = DevAddr::new(0);
 
 impl<A: Allocator + ?Sized> Drop for Buffer<A> {
     fn drop(&mut self) {
-        if self.ptr != FREED && self.allocator.deallocate_ptr(self.ptr).is_err() {
+        if self.ptr != FREED && self.give_back().is_err() {
             count_leak(self.len);
         }
     }
