@@ -13,8 +13,9 @@ use crate::units::DevAddr;
 ///
 /// 1. a block stashed on the stream for this very request (the fast path found it but its
 ///    allowance could not pay for it): taken back, and every peak raised to what a user reads;
-/// 2. after the stream's stashed blocks aged (Note [Stash age]: the oldest go back to the core),
-///    a free range of the stream's own segment: the core allocates with the stashed blocks out
+/// 2. after the stream's stashed blocks aged (Note [Stash age] in `mod.rs`: those beside a free
+///    range, or older than `STASH_AGE`, go back to the core), a free range of the stream's own
+///    segment: the core allocates with the stashed blocks out
 ///    of its counters' `current`, so the peaks it sets are what a user reads, and the stash
 ///    stays (a loop freeing several sizes before it asks for them again keeps its blocks);
 /// 3. anything else (a growth, borrowing, the out-of-memory path, events to look at): every
