@@ -292,6 +292,39 @@ fn with_front_cache(sim: SimBackend) -> ExpandableAllocator<SimBackend> {
     ExpandableAllocator::new(sim, config).expect("allocator")
 }
 
+/// A thread that checks the invariants (the stashed blocks' too) and reads the statistics while
+/// the others run.
+fn spawn_checker(alloc: &Arc<ExpandableAllocator<SimBackend>>) -> thread::JoinHandle<()> {
+    let alloc = alloc.clone();
+    thread::spawn(move || {
+        alloc.check_invariants().expect("invariants mid-flight");
+        stats_sane(&*alloc);
+    })
+}
+
+/// The end of a front-cache model, every thread joined: the invariants hold, `calls`
+/// allocations were made and all freed, `empty_cache` gives every byte back and the dropped
+/// allocator leaves the backend with nothing. Returns the statistics read before emptying.
+fn front_cache_end(
+    alloc: Arc<ExpandableAllocator<SimBackend>>,
+    sim: &SimBackend,
+    calls: u64,
+) -> vmm_alloc::stats::MemoryStats {
+    let alloc = Arc::try_unwrap(alloc).ok().expect("handles back");
+    alloc.check_invariants().expect("invariants");
+    let s = alloc.stats();
+    assert_eq!(s.allocation.all.current, 0);
+    assert_eq!(
+        (s.allocation.all.allocated, s.allocation.all.freed),
+        (calls, calls)
+    );
+    alloc.empty_cache().expect("empty_cache");
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
+    drop(alloc);
+    assert!(sim.live().is_empty(), "{}", sim.live());
+    s
+}
+
 /// The per-stream front cache (Note [Front cache]): two threads on two streams of a 42 MiB
 /// device. The first grows its stream's segments (a 20 MiB block, a 4 KiB one), frees the large
 /// block (stashed in its shard), tells the second, then frees and allocates the small one again
@@ -331,31 +364,17 @@ fn front_cache_two_streams_growth_and_reclaim() {
                 alloc.deallocate(big).expect("deallocate");
             })
         };
-        let reader = {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                alloc.check_invariants().expect("invariants mid-flight");
-                stats_sane(&*alloc);
-            })
-        };
+        let reader = spawn_checker(&alloc);
         first.join().unwrap();
         second.join().unwrap();
         reader.join().unwrap();
-        let alloc = Arc::try_unwrap(alloc).ok().expect("handles back");
-        alloc.check_invariants().expect("invariants");
-        let s = alloc.stats();
-        assert_eq!(s.allocation.all.current, 0);
-        assert_eq!((s.allocation.all.allocated, s.allocation.all.freed), (4, 4));
+        let s = front_cache_end(alloc, &sim, 4);
         // The 40 MiB block, with the small one beside it or not: never the stashed 20 MiB too.
         let peak = s.allocated_bytes.all.peak;
         assert!(
             peak == (40 * MB) as u64 || peak == (40 * MB + 4 * KB) as u64,
             "{s:?}"
         );
-        alloc.empty_cache().expect("empty_cache");
-        assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
-        drop(alloc);
-        assert!(sim.live().is_empty(), "{}", sim.live());
     });
 }
 
@@ -404,26 +423,13 @@ fn front_cache_mixed_ring_keeps_peaks_exact() {
                 thread::spawn(move || mixed_ring_step(&alloc, stream))
             })
             .collect();
-        let reader = {
-            let alloc = alloc.clone();
-            thread::spawn(move || {
-                alloc.check_invariants().expect("invariants mid-flight");
-                stats_sane(&*alloc);
-            })
-        };
+        let reader = spawn_checker(&alloc);
         for w in workers {
             w.join().unwrap();
         }
         reader.join().unwrap();
-        let alloc = Arc::try_unwrap(alloc).ok().expect("handles back");
-        alloc.check_invariants().expect("invariants");
-        let s = alloc.stats();
-        assert_eq!(s.allocation.all.current, 0);
-        assert_eq!((s.allocation.all.allocated, s.allocation.all.freed), (8, 8));
+        let s = front_cache_end(alloc, &sim, 8);
         let peak = s.allocated_bytes.all.peak;
         assert!((24 * KB as u64..=48 * KB as u64).contains(&peak), "{s:?}");
-        alloc.empty_cache().expect("empty_cache");
-        drop(alloc);
-        assert!(sim.live().is_empty(), "{}", sim.live());
     });
 }

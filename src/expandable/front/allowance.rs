@@ -64,7 +64,7 @@ impl Amount {
         self.requested -= other.requested;
     }
 
-    fn add(&mut self, other: &Self) {
+    pub(crate) fn add(&mut self, other: &Self) {
         self.count = self.count.saturating_add(other.count);
         self.bytes = self.bytes.saturating_add(other.bytes);
         self.requested = self.requested.saturating_add(other.requested);

@@ -97,22 +97,15 @@ struct Stashed {
     age: u32,
 }
 
-/// Pairs (a stashed block taken back) of one pool, not yet added to the statistics.
-#[derive(Clone, Copy, Default, Debug)]
-struct Pairs {
-    count: u64,
-    bytes: u64,
-    requested: u64,
-}
-
 /// One shard: its stashed blocks, the blocks that must be freed through the core, and the pairs
 /// to count.
 #[derive(Default, Debug)]
 pub(crate) struct Shard {
     stashed: ArrayVec<Stashed, PER_SHARD>,
     slow_only: FxHashSet<u64>,
-    /// Small pool, large pool.
-    pairs: [Pairs; 2],
+    /// Pairs (a stashed block taken back) not yet added to the statistics, small pool and large
+    /// pool: how many, their bytes, their requests.
+    pairs: [Amount; 2],
     /// How far this shard's takes may run ahead of its stashes until the next slow call (Note
     /// [Front allowance]).
     allowance: Scoped,
@@ -136,10 +129,7 @@ impl Shard {
     /// Takes stashed block `i` back for the user and counts the pair; returns its address.
     fn take(&mut self, i: usize) -> u64 {
         let p = self.stashed.remove(i);
-        let pairs = &mut self.pairs[pool_slot(pool_of(p.size))];
-        pairs.count += 1;
-        pairs.bytes += p.size as u64;
-        pairs.requested += p.requested as u64;
+        self.pairs[pool_slot(pool_of(p.size))].add(&Amount::block(p.size, p.requested));
         p.addr
     }
 
@@ -361,7 +351,7 @@ pub(crate) fn note_events<B: Backend>(state: &State<B>, shards: &mut AllShards<'
 }
 
 /// What `pairs` frees-then-allocations changed: the totals, never `current` or `peak`.
-fn count_pairs(stats: &mut MemoryStats, pool: PoolKind, pairs: Pairs) {
+fn count_pairs(stats: &mut MemoryStats, pool: PoolKind, pairs: Amount) {
     let both = |a: &mut StatArray, n: u64| {
         let in_pool = match pool {
             PoolKind::Small => &mut a.small_pool,
