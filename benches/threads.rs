@@ -8,7 +8,8 @@
 //! next size of `SIZES` (small and large pools both), so the free-range index holds more than one
 //! block; in the `threads-same-size` groups it allocates the size it just freed instead, and in
 //! the `threads-varied` groups the next of 48 sizes (512 B to 8.5 MiB), so a size comes back only
-//! 48 steps after it was last asked for: what a per-stream cache of freed blocks cannot serve. Every allocator (expandable, with and without its per-stream front cache,
+//! 48 steps after it was last asked for: what a per-stream cache of freed blocks cannot serve. Every allocator (expandable: the default, whose per-stream front cache engages
+//! once threads contend; `-front-cache` with it always on; `-single-lock` with it off;
 //! pytorch-expandable, classic) runs in the same process, and so does `expandable-unshared`: one
 //! allocator per thread, nothing shared, the most any locking scheme could reach on the machine.
 
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::{AllocConf, ExpandableConfig};
+use vmm_alloc::config::{AllocConf, ExpandableConfig, FrontCacheMode};
 use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, SimBackend, StreamId};
 
 const SIZES: [usize; 6] = [512, 4 << 10, 64 << 10, 1 << 20, 3 << 20, 20 << 20];
@@ -38,11 +39,18 @@ fn expandable() -> Arc<dyn Allocator> {
 /// `expandable-unshared` makes a fresh allocator per thread from this marker.
 const UNSHARED: &str = "expandable-unshared";
 
-const ALLOCATORS: [(&str, Make); 5] = [
+const ALLOCATORS: [(&str, Make); 6] = [
     ("expandable", expandable),
+    ("expandable-single-lock", || {
+        let config = ExpandableConfig {
+            front_cache: FrontCacheMode::Off,
+            ..ExpandableConfig::default()
+        };
+        Arc::new(ExpandableAllocator::new(SimBackend::new(), config).expect("alloc"))
+    }),
     ("expandable-front-cache", || {
         let config = ExpandableConfig {
-            front_cache: true,
+            front_cache: FrontCacheMode::Always,
             ..ExpandableConfig::default()
         };
         Arc::new(ExpandableAllocator::new(SimBackend::new(), config).expect("alloc"))

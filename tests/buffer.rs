@@ -10,7 +10,7 @@ use std::thread;
 use vmm_alloc::allocator::leaked_allocations;
 use vmm_alloc::backend::{Backend, CallKind, HostBackend, SimBackend};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::config::{ExpandableConfig, FrontCacheMode};
 use vmm_alloc::testkit::EmulatedBackend;
 use vmm_alloc::{AllocError, Allocator, Buffer, ExpandableAllocator, StreamId};
 
@@ -262,7 +262,11 @@ fn buffers_from_many_threads_share_one_allocator() {
 fn a_dropped_buffer_is_stashed_by_the_front_cache() {
     let run = |front_cache: bool| {
         let config = ExpandableConfig {
-            front_cache,
+            front_cache: if front_cache {
+                FrontCacheMode::Always
+            } else {
+                FrontCacheMode::Off
+            },
             ..ExpandableConfig::default()
         };
         let alloc = Arc::new(ExpandableAllocator::new(SimBackend::new(), config).unwrap());

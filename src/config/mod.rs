@@ -13,6 +13,20 @@ pub(crate) use round::{
 };
 pub use round::{get_allocation_size, round_size, MIN_BLOCK_SIZE, ONE_EXA_BYTES, SMALL_SIZE};
 
+/// When [`ExpandableConfig::front_cache`] stashes freed blocks (Note \[Front cache\] in
+/// `expandable/front/mod.rs`, Note \[Engage on contention\] in `expandable/front/engage.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrontCacheMode {
+    /// Never: every call takes the allocator's lock (settings: `front_cache:false`).
+    Off,
+    /// Once threads freeing blocks have found the allocator's lock taken a number of times, and
+    /// until the stashes serve fewer than half of the allocations (settings: `front_cache:auto`).
+    /// One thread never engages it. The default.
+    OnContention,
+    /// From the first call, whatever it serves (settings: `front_cache:true`).
+    Always,
+}
+
 /// How an [`ExpandableAllocator`](crate::ExpandableAllocator) behaves. Each improvement over
 /// PyTorch's expandable segments is a switch, so its gain can be measured against
 /// [`ExpandableConfig::pytorch_expandable`].
@@ -111,9 +125,12 @@ pub struct ExpandableConfig {
     /// with [`Allocator::deallocate`](crate::Allocator::deallocate) is stashed on its stream, and
     /// an allocation on that stream of the same size takes it back, neither taking the
     /// allocator's lock, so threads on different streams scale. Statistics stay exact; which
-    /// block a request gets, and so how memory fragments, can differ. Default off (the measured
-    /// policy); PyTorch: off.
-    pub front_cache: bool,
+    /// block a request gets, and so how memory fragments, can differ. Default
+    /// [`FrontCacheMode::OnContention`]: off until threads contend for the allocator's lock,
+    /// and off again while it serves too few requests (Note \[Engage on contention\] in
+    /// `expandable/front/engage.rs`), so a program that allocates from one thread gets exactly
+    /// the measured policy. PyTorch: off.
+    pub front_cache: FrontCacheMode,
     /// Where a growth goes when several places can hold it once their hole is mapped: the one
     /// whose span (free bytes before the hole, the hole, free bytes after it) is smallest, as
     /// best fit chooses among free blocks, keeping large spans whole for large requests (Note
@@ -187,7 +204,7 @@ impl Default for ExpandableConfig {
             remap_before_create: false,
             borrow_across_pools: true,
             park_remaps: true,
-            front_cache: false,
+            front_cache: FrontCacheMode::OnContention,
             best_fit_growth: true,
             reuse_last_free: true,
             drain_after_sync: false,
@@ -218,6 +235,7 @@ impl ExpandableConfig {
             remap_before_create: false,
             borrow_across_pools: false,
             park_remaps: false,
+            front_cache: FrontCacheMode::Off,
             best_fit_growth: false,
             reuse_last_free: false,
             harvest_lowest_first: false,

@@ -4,7 +4,7 @@
 //! without writing Rust.
 
 use super::alloc_conf::{parse_alloc_conf, ConfigError, KNOWN_KEYS};
-use super::ExpandableConfig;
+use super::{ExpandableConfig, FrontCacheMode};
 
 const MB: f64 = (1u64 << 20) as f64;
 
@@ -41,7 +41,10 @@ pub const OWN_KEYS: [(&str, &str); 20] = [
     ("small_page_mb", "ExpandableConfig::small_page, in MiB"),
     ("large_page_mb", "ExpandableConfig::large_page, in MiB"),
     ("park_remaps", "ExpandableConfig::park_remaps, true/false"),
-    ("front_cache", "ExpandableConfig::front_cache, true/false"),
+    (
+        "front_cache",
+        "ExpandableConfig::front_cache, true/false/auto",
+    ),
     (
         "best_fit_growth",
         "ExpandableConfig::best_fit_growth, true/false",
@@ -188,7 +191,18 @@ impl ExpandableConfig {
                 "small_page_mb" => c.small_page = mebibytes(key, value)?,
                 "large_page_mb" => c.large_page = mebibytes(key, value)?,
                 "park_remaps" => c.park_remaps = flag(key, value)?,
-                "front_cache" => c.front_cache = flag(key, value)?,
+                "front_cache" => {
+                    c.front_cache = match value {
+                        "auto" | "Auto" => FrontCacheMode::OnContention,
+                        "true" | "True" | "1" => FrontCacheMode::Always,
+                        "false" | "False" | "0" => FrontCacheMode::Off,
+                        _ => {
+                            return Err(bad(format!(
+                                "front_cache takes True, False or auto, not '{value}'"
+                            )))
+                        }
+                    }
+                }
                 "best_fit_growth" => c.best_fit_growth = flag(key, value)?,
                 "reuse_last_free" => c.reuse_last_free = flag(key, value)?,
                 "drain_after_sync" => c.drain_after_sync = flag(key, value)?,
@@ -233,7 +247,7 @@ mod tests {
             small_page: 4 << 20,
             large_page: 8 << 20,
             park_remaps: false,
-            front_cache: true,
+            front_cache: FrontCacheMode::Always,
             best_fit_growth: false,
             reuse_last_free: false,
             drain_after_sync: true,

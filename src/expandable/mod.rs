@@ -8,9 +8,12 @@
 //! (Note \[Handle cache\]), remap-defrag (Note \[Remap\]), one set-access call per mapped run, exact
 //! rollback of a failed growth, and `max_split_size` not applied to expandable blocks.
 //!
-//! Threads: one state behind one lock; with [`ExpandableConfig::front_cache`] on, a per-stream
-//! front cache in front of it serves a free and an identical allocation on one stream without
-//! that lock (Note \[Front cache\] in `front/mod.rs`, Note \[Front allowance\] in `front/allowance.rs`).
+//! Threads: one state behind one lock, and in front of it a per-stream front cache
+//! ([`ExpandableConfig::front_cache`]) that serves a free and an identical allocation on one
+//! stream without that lock (Note \[Front cache\] in `front/mod.rs`, Note \[Front allowance\] in
+//! `front/allowance.rs`). By default it engages only once threads contend for the lock, and
+//! disengages while it serves too few requests (Note \[Engage on contention\] in
+//! `front/engage.rs`).
 
 mod allocate;
 mod check;
@@ -96,7 +99,7 @@ impl<B: Backend> ExpandableAllocator<B> {
     pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
         let state = self.state.lock();
         let shards = self.front.lock_all();
-        front::check(&state, &shards)?;
+        front::check(&self.front, &state, &shards)?;
         state.check()
     }
 
@@ -105,12 +108,59 @@ impl<B: Backend> ExpandableAllocator<B> {
     /// `with_backend` and `held_bytes`, which read what a stashed block does not change.
     fn slow<T>(&self, f: impl FnOnce(&mut State<B>, &mut front::AllShards<'_>) -> T) -> T {
         let mut state = self.state.lock();
+        if !self.front.is_engaged() {
+            // Settled under the state's lock: nothing is stashed (Note [Engage on contention]).
+            return f(&mut state, &mut Vec::new());
+        }
         let mut shards = self.front.lock_all();
         front::flush(&mut state, &mut shards);
         let out = f(&mut state, &mut shards);
         front::note_events(&state, &mut shards);
         front::hand_out_allowances(&state, &mut shards);
         out
+    }
+
+    /// A free through `deallocate` while the front cache waits for contention (Note [Engage on
+    /// contention]): the lock tried first, a taken one counted, and the cache engaged once
+    /// enough were.
+    fn free_watching(&self, ptr: DevAddr) -> Result<(), AllocError> {
+        let state = self.state.try_lock();
+        // Loom never runs a failing `try_lock` (a thread about to try a held lock counts as
+        // blocked), so its models count every such free as contended: engagement then happens
+        // mid-flight, which is what they explore.
+        let contended = state.is_none() || cfg!(loom);
+        if contended && self.front.engagement.note_contention() {
+            drop(state);
+            let state = self.state.lock();
+            let mut shards = self.front.lock_all();
+            self.front.engagement.engage(&state, &mut shards);
+            drop(shards);
+            drop(state);
+            return self.deallocate_ptr(ptr);
+        }
+        let mut state = state.unwrap_or_else(|| self.state.lock());
+        if self.front.is_engaged() {
+            drop(state);
+            return self.deallocate_ptr(ptr);
+        }
+        state.deallocate(ptr)
+    }
+
+    /// Whether the front cache stashes now (Note [Engage on contention] in
+    /// `front/engage.rs`): with [`FrontCacheMode::Always`](crate::config::FrontCacheMode) from
+    /// the start, with `OnContention` once threads contend, never with `Off`. A test kit reading.
+    #[cfg(feature = "testkit")]
+    pub fn front_engaged(&self) -> bool {
+        let _state = self.state.lock();
+        self.front.is_engaged()
+    }
+
+    /// Frees through `deallocate` that found the allocator's lock taken while the front cache
+    /// waited for contention, since it last disengaged (Note [Engage on contention]). Read
+    /// without the lock. A test kit counter.
+    #[cfg(feature = "testkit")]
+    pub fn front_contended_frees(&self) -> u32 {
+        self.front.engagement.contended()
     }
 
     /// Segments the release path (`empty_cache`, the last resort of a failing allocation) has
@@ -154,10 +204,13 @@ impl<B: Backend> std::fmt::Debug for ExpandableAllocator<B> {
 
 impl<B: Backend> Allocator for ExpandableAllocator<B> {
     fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError> {
-        if !self.front.is_on() {
-            return self.state.lock().allocate(size, stream);
-        }
-        if let Ok(req) = Request::new(size, &self.front.divisions) {
+        if !self.front.is_engaged() {
+            let mut state = self.state.lock();
+            // Settled under the state's lock (Note [Engage on contention]).
+            if !self.front.is_engaged() {
+                return state.allocate(size, stream);
+            }
+        } else if let Ok(req) = Request::new(size, &self.front.divisions) {
             if let Some(at) = self.front.try_take(stream, req.rounded, req.size) {
                 return Ok(Allocation {
                     ptr: DevAddr::new(at),
@@ -170,7 +223,14 @@ impl<B: Backend> Allocator for ExpandableAllocator<B> {
         }
         let mut state = self.state.lock();
         let mut shards = self.front.lock_all();
-        let out = front::allocate(&mut state, &mut shards, size, stream, self.owner);
+        let out = front::allocate(
+            &self.front.engagement,
+            &mut state,
+            &mut shards,
+            size,
+            stream,
+            self.owner,
+        );
         front::note_events(&state, &mut shards);
         front::hand_out_allowances(&state, &mut shards);
         out
@@ -178,21 +238,29 @@ impl<B: Backend> Allocator for ExpandableAllocator<B> {
 
     fn deallocate(&self, allocation: Allocation) -> Result<(), AllocError> {
         if self.front.is_on() && allocation.owner == self.owner {
-            let (addr, stream) = (allocation.ptr.get(), allocation.stream);
-            if self
-                .front
-                .try_stash(addr, stream, allocation.size, allocation.requested)
-            {
-                let _ = allocation.into_ptr();
-                return Ok(());
+            if self.front.is_engaged() {
+                let (addr, stream) = (allocation.ptr.get(), allocation.stream);
+                if self
+                    .front
+                    .try_stash(addr, stream, allocation.size, allocation.requested)
+                {
+                    let _ = allocation.into_ptr();
+                    return Ok(());
+                }
+            } else if self.front.engagement.watches() {
+                return self.free_watching(take_back(self.owner, allocation)?);
             }
         }
         self.deallocate_ptr(take_back(self.owner, allocation)?)
     }
 
     fn deallocate_ptr(&self, ptr: DevAddr) -> Result<(), AllocError> {
-        if !self.front.is_on() {
-            return self.state.lock().deallocate(ptr);
+        {
+            let mut state = self.state.lock();
+            // Settled under the state's lock (Note [Engage on contention]).
+            if !self.front.is_engaged() {
+                return state.deallocate(ptr);
+            }
         }
         self.slow(|state, shards| {
             let stream = front::stream_of(state, ptr.get());

@@ -133,6 +133,14 @@ pub enum InvariantViolation {
     /// `expandable/front/allowance.rs`): a user reads more of a block counter than its peak, or
     /// the shards may take back more without the lock than the room left below the peaks.
     FrontAllowance,
+    /// The front cache's engagement does not match what it holds (Note \[Engage on
+    /// contention\] in `expandable/front/engage.rs`): a disengaged cache holds a stashed block,
+    /// a `slow_only` name or an allowance, or an engaged one does not name a live block that
+    /// must be freed through the core.
+    FrontEngagement {
+        /// The block concerned, if one is.
+        at: Option<DevAddr>,
+    },
     /// A pool's allocated bytes exceed its reserved bytes.
     AllocatedAboveReserved {
         /// The pool.
@@ -207,6 +215,14 @@ impl fmt::Display for InvariantViolation {
             V::Count { what, kept, found } => {
                 write!(f, "{what}: {kept} counted, {found} found")
             }
+            V::FrontEngagement { at: Some(at) } => write!(
+                f,
+                "front cache engagement: block {at} is stashed or named while disengaged, or not named as slow-only while engaged"
+            ),
+            V::FrontEngagement { at: None } => write!(
+                f,
+                "front cache engagement: a disengaged cache holds an allowance"
+            ),
             V::FrontAllowance => write!(
                 f,
                 "the front cache's allowances fit below the peaks: a user reads at most each peak, and the shards may take back no more than the room below them"

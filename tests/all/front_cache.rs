@@ -5,7 +5,7 @@
 
 use proptest::prelude::*;
 use vmm_alloc::backend::{SimBackend, SimConfig};
-use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::config::{ExpandableConfig, FrontCacheMode};
 use vmm_alloc::stats::MemoryStats;
 use vmm_alloc::testkit::EmulatedBackend;
 use vmm_alloc::{AllocError, Allocation, Allocator, ExpandableAllocator, StreamId};
@@ -24,7 +24,11 @@ fn sim(capacity: usize) -> SimBackend {
 
 fn front(on: bool) -> ExpandableConfig {
     ExpandableConfig {
-        front_cache: on,
+        front_cache: if on {
+            FrontCacheMode::Always
+        } else {
+            FrontCacheMode::Off
+        },
         ..ExpandableConfig::default()
     }
 }

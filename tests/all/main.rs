@@ -11,6 +11,7 @@ mod expandable_rollback;
 mod fine_pages;
 mod foreign_frees;
 mod front_cache;
+mod front_engage;
 mod give_back_before_foreign_sync;
 mod harvest_order;
 mod last_free;

@@ -45,7 +45,7 @@ use std::time::Instant;
 
 use vmm_alloc::backend::{HostBackend, SimBackend};
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::{AllocConf, ExpandableConfig};
+use vmm_alloc::config::{AllocConf, ExpandableConfig, FrontCacheMode};
 use vmm_alloc::{Allocator, ExpandableAllocator, StreamId};
 
 use checks::{check_snapshot, check_stats, Totals};
@@ -282,7 +282,7 @@ fn expandable_host() {
 /// the lock while the other workers and the maintenance thread take the slow path.
 fn front_cache() -> ExpandableConfig {
     ExpandableConfig {
-        front_cache: true,
+        front_cache: FrontCacheMode::Always,
         ..ExpandableConfig::default()
     }
 }

@@ -24,7 +24,7 @@ use loom::thread;
 
 use vmm_alloc::backend::SimConfig;
 use vmm_alloc::classic::ClassicAllocator;
-use vmm_alloc::config::{AllocConf, ExpandableConfig};
+use vmm_alloc::config::{AllocConf, ExpandableConfig, FrontCacheMode};
 use vmm_alloc::{Allocation, Allocator, Backend, ExpandableAllocator, SimBackend, StreamId};
 
 const S1: StreamId = StreamId::sim(1);
@@ -286,7 +286,7 @@ fn classic_concurrent_allocations_differ() {
 
 fn with_front_cache(sim: SimBackend) -> ExpandableAllocator<SimBackend> {
     let config = ExpandableConfig {
-        front_cache: true,
+        front_cache: FrontCacheMode::Always,
         ..ExpandableConfig::default()
     };
     ExpandableAllocator::new(sim, config).expect("allocator")
@@ -413,9 +413,35 @@ fn mixed_ring_step(alloc: &ExpandableAllocator<SimBackend>, stream: StreamId) {
 /// block counted on top).
 #[test]
 fn front_cache_mixed_ring_keeps_peaks_exact() {
-    model(|| {
+    mixed_ring_model(FrontCacheMode::Always);
+}
+
+/// The default front cache engaging and disengaging while threads run (Note [Engage on
+/// contention]). Under loom a window is two allocations and every free through `deallocate`
+/// of a disengaged cache counts as contended (loom never runs a failing `try_lock`), so the
+/// first such free engages it wherever it falls among the other threads' calls. Two threads on
+/// two streams run [`mixed_ring_step`] on an allocator that starts disengaged while a third
+/// checks the invariants (among them: a disengaged cache holds nothing, an engaged one names
+/// every block that must be freed through the core) and reads the statistics. In every
+/// schedule, those where a window's misses disengage it again too: no call fails, no live
+/// blocks overlap, every call is counted, and the peak is what the calls made it.
+#[test]
+fn front_cache_engages_and_disengages_mid_flight() {
+    mixed_ring_model(FrontCacheMode::OnContention);
+}
+
+/// Two threads on two streams run [`mixed_ring_step`] on an allocator with the front cache in
+/// `mode` while a third checks the invariants and reads the statistics; at the end every call
+/// is counted, nothing is live, and the peak of allocated bytes is at least one stream's 24 KiB
+/// and at most both streams' 48 KiB.
+fn mixed_ring_model(mode: FrontCacheMode) {
+    model(move || {
         let sim = SimBackend::new();
-        let alloc = Arc::new(with_front_cache(sim.clone()));
+        let config = ExpandableConfig {
+            front_cache: mode,
+            ..ExpandableConfig::default()
+        };
+        let alloc = Arc::new(ExpandableAllocator::new(sim.clone(), config).expect("allocator"));
         let workers: Vec<_> = [S1, S2]
             .into_iter()
             .map(|stream| {

@@ -205,9 +205,13 @@ the oldest and allocates the next of 512 B / 4 KiB / 64 KiB / 1 MiB / 3 MiB / 20
 steps per iteration split between the threads (the same work for 1 and 2), on memory mapped \
 before timing. One operation is one `allocate` or one `deallocate`; ops/s counts all threads \
 together. The time runs from a common start barrier to the last thread's end. 20 samples, 2 s. \
-`expandable-front-cache` is expandable with its per-stream front cache on (`front_cache`, Note \
-[Front cache] in `src/expandable/front/mod.rs`); `expandable-unshared` gives each thread an \
-allocator of its own, nothing shared: the most any locking could reach on the machine.\n\n",
+`expandable` is the default: its per-stream front cache (`front_cache`, Note [Front cache] in \
+`src/expandable/front/mod.rs`) engages once frees find the lock taken and disengages while it \
+serves too few requests (Note [Engage on contention] in `src/expandable/front/engage.rs`); \
+`expandable-front-cache` has it on from the first call (`front_cache:true`), \
+`expandable-single-lock` off (`front_cache:false`: every call takes the one lock); \
+`expandable-unshared` gives each thread an allocator of its own, nothing shared: the most any \
+locking could reach on the machine.\n\n",
     );
     if thread_groups.is_empty() {
         not_run(out, "threads_<N>");

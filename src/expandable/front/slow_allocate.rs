@@ -1,7 +1,7 @@
 //! The front cache's slow allocation: under every lock, an allocation that leaves the stashed
 //! blocks stashed where it can (Note [Front cache], Note [Front allowance]).
 
-use super::{after_allocate, allowance, flush, shard_of, stashed_total, AllShards};
+use super::{after_allocate, allowance, flush, shard_of, stashed_total, AllShards, Engagement};
 use crate::allocator::{Allocation, AllocatorId};
 use crate::backend::{Backend, StreamId};
 use crate::error::AllocError;
@@ -21,14 +21,23 @@ use crate::units::DevAddr;
 /// 3. anything else (a growth, borrowing, the out-of-memory path, events to look at): every
 ///    stashed block goes back to the core first, so the core never grows while memory it could
 ///    use sits stashed, and then it allocates as without the front cache.
+///
+/// Before any of it, an engaged cache whose window has ended is judged (Note [Engage on
+/// contention] in `engage.rs`); one that disengages serves this allocation as the core alone.
 pub(crate) fn allocate<B: Backend>(
+    engagement: &Engagement,
     state: &mut State<B>,
     shards: &mut AllShards<'_>,
     size: usize,
     stream: StreamId,
     owner: AllocatorId,
 ) -> Result<Allocation, AllocError> {
-    shards[shard_of(stream)].slow_allocations += 1;
+    let own = &mut shards[shard_of(stream)];
+    own.slow_allocations += 1;
+    own.window_slow = own.window_slow.saturating_add(1);
+    if engagement.judge(state, shards) {
+        return state.allocate(size, stream);
+    }
     let events_due = !state.pending.is_empty() || state.deferred.has_events();
     if let (Ok(req), false) = (
         Request::new(size, &state.config.roundup_power2_divisions),

@@ -147,7 +147,7 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
         // `deallocate` stashed and taken back without the lock, stashes kept across the core's
         // allocations.
         Just(ExpandableConfig {
-            front_cache: true,
+            front_cache: crate::config::FrontCacheMode::Always,
             ..ExpandableConfig::default()
         }),
         // Power-of-two rounding in the intervals the sizes reach (below 2 MiB: 2 steps, 2-4 MiB:
