@@ -93,6 +93,7 @@ impl Engagement {
     }
 
     /// Contended frees counted since the cache last disengaged (or since the start).
+    #[cfg(feature = "testkit")]
     pub(crate) fn contended(&self) -> u32 {
         self.contended.load(Relaxed)
     }
