@@ -38,8 +38,14 @@ pub(super) fn device_trace(
                 start.remove(&e.addr);
                 touched.insert(e.addr);
             }
+            // A free of 0 bytes (a missing or null size) frees nothing an allocator handed
+            // out: no block of 0 bytes was live at the start, so it counts as a skipped free.
             Action::FreeCompleted => {
-                start.insert(e.addr, (e.size, e.stream));
+                if e.size == 0 {
+                    start.remove(&e.addr);
+                } else {
+                    start.insert(e.addr, (e.size, e.stream));
+                }
                 touched.insert(e.addr);
             }
             _ => {}

@@ -157,7 +157,13 @@ pub(super) fn dump_state(
                     Ok(bsize)
                 };
                 let requested = requested.map_err(|m| format!("segment {si}: {m}"))?;
-                blocks.insert(at, (requested, stream));
+                // A live block records a request of at least 1 byte; one that says 0 (or null)
+                // holds its block's bytes, and a block of 0 bytes holds nothing to replay (a
+                // live block of 0 bytes is a request no allocator can place).
+                let requested = if requested == 0 { bsize } else { requested };
+                if requested > 0 {
+                    blocks.insert(at, (requested, stream));
+                }
             }
         }
     }
