@@ -126,6 +126,20 @@ fn empty_start_ids_and_peaks() {
     assert_eq!(t.alloc_conf, None, "no allocator_settings recorded");
 }
 
+/// A 2 MiB segment at `x` whose first KiB is live (a request of `requested` bytes) and the rest
+/// free.
+fn one_live_kib(x: i64, requested: i64) -> Value {
+    segment(
+        0,
+        x,
+        2 * MB,
+        vec![
+            block(x, 1024, requested, "active_allocated"),
+            block(x + 1024, 2 * MB - 1024, 0, "inactive"),
+        ],
+    )
+}
+
 #[test]
 fn warm_start_initial_blocks() {
     // Live at dump and never allocated: X (requested 1000). Freed but never allocated: Y (100).
@@ -133,15 +147,7 @@ fn warm_start_initial_blocks() {
     // now refused, `snapshot_claims`.)
     let (x, y, a) = (0x2000_0000, 0x2000_1000, 0x2000_2000);
     let bytes = snapshot(
-        vec![segment(
-            0,
-            x,
-            2 * MB,
-            vec![
-                block(x, 1024, 1000, "active_allocated"),
-                block(x + 1024, 2 * MB - 1024, 0, "inactive"),
-            ],
-        )],
+        vec![one_live_kib(x, 1000)],
         vec![vec![
             e("free_requested", y, 100),
             e("free_completed", y, 100),
@@ -221,15 +227,7 @@ fn a_free_of_no_size_at_an_unknown_address_is_skipped() {
 fn a_live_block_that_requested_nothing_holds_its_block() {
     let x = 0x3000_0000;
     let bytes = snapshot(
-        vec![segment(
-            0,
-            x,
-            2 * MB,
-            vec![
-                block(x, 1024, 0, "active_allocated"),
-                block(x + 1024, 2 * MB - 1024, 0, "inactive"),
-            ],
-        )],
+        vec![one_live_kib(x, 0)],
         vec![vec![
             e("alloc", x + 4096, 10),
             e("free_completed", x + 4096, 10),
