@@ -191,7 +191,7 @@ where
         alloc.deallocate(b).expect("deallocate");
         alloc.deallocate(c).expect("deallocate");
         other.join().unwrap();
-        let alloc = Arc::try_unwrap(alloc).ok().expect("handles back");
+        let alloc = Arc::try_unwrap(alloc).unwrap_or_else(|_| panic!("handles back"));
         assert_eq!(alloc.stats().allocation.all.current, 0);
         alloc.empty_cache().expect("empty_cache");
         assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
@@ -219,7 +219,7 @@ where
         disjoint(&mine, &theirs);
         alloc.deallocate(mine).expect("deallocate");
         alloc.deallocate(theirs).expect("deallocate");
-        let alloc = Arc::try_unwrap(alloc).ok().expect("handles back");
+        let alloc = Arc::try_unwrap(alloc).unwrap_or_else(|_| panic!("handles back"));
         assert_eq!(alloc.stats().allocation.all.current, 0);
         alloc.empty_cache().expect("empty_cache");
         assert_eq!(alloc.stats().reserved_bytes.all.current, 0);
@@ -310,7 +310,7 @@ fn front_cache_end(
     sim: &SimBackend,
     calls: u64,
 ) -> vmm_alloc::stats::MemoryStats {
-    let alloc = Arc::try_unwrap(alloc).ok().expect("handles back");
+    let alloc = Arc::try_unwrap(alloc).unwrap_or_else(|_| panic!("handles back"));
     alloc.check_invariants().expect("invariants");
     let s = alloc.stats();
     assert_eq!(s.allocation.all.current, 0);
