@@ -113,11 +113,37 @@ impl<B: Backend> ExpandableAllocator<B> {
             return f(&mut state, &mut Vec::new());
         }
         let mut shards = self.front.lock_all();
-        front::flush(&mut state, &mut shards);
-        let out = f(&mut state, &mut shards);
-        front::note_events(&state, &mut shards);
-        front::hand_out_allowances(&state, &mut shards);
+        Self::slow_locked(&mut state, &mut shards, f)
+    }
+
+    /// The slow path of an engaged front cache, the state's lock and every shard's held.
+    fn slow_locked<T>(
+        state: &mut State<B>,
+        shards: &mut front::AllShards<'_>,
+        f: impl FnOnce(&mut State<B>, &mut front::AllShards<'_>) -> T,
+    ) -> T {
+        front::flush(state, shards);
+        let out = f(state, shards);
+        front::note_events(state, shards);
+        front::hand_out_allowances(state, shards);
         out
+    }
+
+    /// A free through the core with the front cache engaged and every lock held: the block's
+    /// `slow_only` name, if any, is forgotten.
+    fn free_engaged(
+        state: &mut State<B>,
+        shards: &mut front::AllShards<'_>,
+        ptr: DevAddr,
+    ) -> Result<(), AllocError> {
+        Self::slow_locked(state, shards, |state, shards| {
+            let stream = front::stream_of(state, ptr.get());
+            state.deallocate(ptr)?;
+            if let Some(stream) = stream {
+                front::after_free(shards, stream, ptr.get());
+            }
+            Ok(())
+        })
     }
 
     /// A free through `deallocate` while the front cache waits for contention (Note [Engage on
@@ -129,21 +155,15 @@ impl<B: Backend> ExpandableAllocator<B> {
         // blocked), so its models count every such free as contended: engagement then happens
         // mid-flight, which is what they explore.
         let contended = state.is_none() || cfg!(loom);
-        if contended && self.front.engagement.note_contention() {
-            drop(state);
-            let state = self.state.lock();
-            let mut shards = self.front.lock_all();
-            self.front.engagement.engage(&state, &mut shards);
-            drop(shards);
-            drop(state);
-            return self.deallocate_ptr(ptr);
-        }
+        // Counted before waiting for the lock: its holder may be waiting for the count.
+        let engage = contended && self.front.engagement.note_contention();
         let mut state = state.unwrap_or_else(|| self.state.lock());
-        if self.front.is_engaged() {
-            drop(state);
-            return self.deallocate_ptr(ptr);
+        if !engage && !self.front.is_engaged() {
+            return state.deallocate(ptr);
         }
-        state.deallocate(ptr)
+        let mut shards = self.front.lock_all();
+        self.front.engagement.engage(&state, &mut shards);
+        Self::free_engaged(&mut state, &mut shards, ptr)
     }
 
     /// Whether the front cache stashes now (Note [Engage on contention] in
@@ -204,24 +224,25 @@ impl<B: Backend> std::fmt::Debug for ExpandableAllocator<B> {
 
 impl<B: Backend> Allocator for ExpandableAllocator<B> {
     fn allocate(&self, size: usize, stream: StreamId) -> Result<Allocation, AllocError> {
-        if !self.front.is_engaged() {
-            let mut state = self.state.lock();
-            // Settled under the state's lock (Note [Engage on contention]).
-            if !self.front.is_engaged() {
-                return state.allocate(size, stream);
-            }
-        } else if let Ok(req) = Request::new(size, &self.front.divisions) {
-            if let Some(at) = self.front.try_take(stream, req.rounded, req.size) {
-                return Ok(Allocation {
-                    ptr: DevAddr::new(at),
-                    size: req.rounded,
-                    requested: req.size,
-                    stream,
-                    owner: self.owner,
-                });
+        // Rounded only when engaged: the default path of one thread pays for no stash.
+        if self.front.is_engaged() {
+            if let Ok(req) = Request::new(size, &self.front.divisions) {
+                if let Some(at) = self.front.try_take(stream, req.rounded, req.size) {
+                    return Ok(Allocation {
+                        ptr: DevAddr::new(at),
+                        size: req.rounded,
+                        requested: req.size,
+                        stream,
+                        owner: self.owner,
+                    });
+                }
             }
         }
         let mut state = self.state.lock();
+        // Settled under the state's lock (Note [Engage on contention]).
+        if !self.front.is_engaged() {
+            return state.allocate(size, stream);
+        }
         let mut shards = self.front.lock_all();
         let out = front::allocate(
             &self.front.engagement,
@@ -255,21 +276,13 @@ impl<B: Backend> Allocator for ExpandableAllocator<B> {
     }
 
     fn deallocate_ptr(&self, ptr: DevAddr) -> Result<(), AllocError> {
-        {
-            let mut state = self.state.lock();
-            // Settled under the state's lock (Note [Engage on contention]).
-            if !self.front.is_engaged() {
-                return state.deallocate(ptr);
-            }
+        let mut state = self.state.lock();
+        // Settled under the state's lock (Note [Engage on contention]).
+        if !self.front.is_engaged() {
+            return state.deallocate(ptr);
         }
-        self.slow(|state, shards| {
-            let stream = front::stream_of(state, ptr.get());
-            state.deallocate(ptr)?;
-            if let Some(stream) = stream {
-                front::after_free(shards, stream, ptr.get());
-            }
-            Ok(())
-        })
+        let mut shards = self.front.lock_all();
+        Self::free_engaged(&mut state, &mut shards, ptr)
     }
 
     fn record_stream(&self, ptr: DevAddr, stream: StreamId) -> Result<(), AllocError> {

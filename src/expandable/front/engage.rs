@@ -34,11 +34,10 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 
-use super::{flush, slow_only, AllShards};
+use super::{core_only_stream, flush, shard_of, slow_only, AllShards};
 use crate::backend::Backend;
 use crate::config::FrontCacheMode;
 use crate::expandable::state::State;
-use crate::mechanism::request::pool_of;
 use crate::mechanism::violation::InvariantViolation;
 use crate::sync::{AtomicBool, AtomicU32};
 use crate::units::DevAddr;
@@ -110,22 +109,18 @@ impl Engagement {
         if self.is_engaged() || self.mode == FrontCacheMode::Off {
             return;
         }
-        for (&addr, block) in &state.live {
-            if let Some((stream, pool, used)) = state.home_of(addr) {
-                if used || pool != pool_of(state.size_of(block)) {
-                    slow_only(shards, stream, addr);
-                }
+        for &addr in state.live.keys() {
+            if let Some(stream) = core_only_stream(state, addr) {
+                slow_only(shards, stream, addr);
             }
         }
-        for shard in shards.iter_mut() {
-            shard.window_fast = 0;
-            shard.window_slow = 0;
-        }
+        // The windows' counts are 0: nothing counts while disengaged, and `judge` emptied them.
         self.engaged.store(true, Relaxed);
     }
 
     /// Judges the last window of an engaged cache (holding every lock): disengages it where
-    /// its stashes served fewer than half the window's allocations. True if it disengaged.
+    /// its stashes served fewer than half the window's allocations. True if it disengaged; the
+    /// caller's slow path then hands out the allowances, none to a shard with nothing stashed.
     pub(crate) fn judge<B: Backend>(
         &self,
         state: &mut State<B>,
@@ -153,8 +148,6 @@ impl Engagement {
         flush(state, shards);
         for shard in shards.iter_mut() {
             shard.slow_only.clear();
-            shard.allowance = Default::default();
-            shard.events_due = false;
         }
         let next = self
             .engage_after
@@ -196,10 +189,9 @@ pub(crate) fn check<B: Backend>(
         }
         return Ok(());
     }
-    for (&addr, block) in &state.live {
-        if let Some((stream, pool, used)) = state.home_of(addr) {
-            let must = used || pool != pool_of(state.size_of(block));
-            if must && !shards[super::shard_of(stream)].slow_only.contains(&addr) {
+    for &addr in state.live.keys() {
+        if let Some(stream) = core_only_stream(state, addr) {
+            if !shards[shard_of(stream)].slow_only.contains(&addr) {
                 return Err(InvariantViolation::FrontEngagement {
                     at: Some(DevAddr::new(addr)),
                 });

@@ -401,18 +401,20 @@ impl<B: Backend> State<B> {
     }
 }
 
-/// After the core allocated `addr` of `rounded` bytes: a block borrowed from the other pool
-/// must be freed through the core (Note [Front cache]).
-pub(crate) fn after_allocate<B: Backend>(
-    state: &State<B>,
-    shards: &mut AllShards<'_>,
-    addr: u64,
-    rounded: usize,
-) {
-    if let Some((stream, pool, _)) = state.home_of(addr) {
-        if pool != pool_of(rounded) {
-            slow_only(shards, stream, addr);
-        }
+/// The stream of live block `addr` if its free must go through the core (Note [Front cache]):
+/// it is used by another stream (its free records events) or borrowed from the other pool (its
+/// statistics count in the pool that holds it).
+fn core_only_stream<B: Backend>(state: &State<B>, addr: u64) -> Option<StreamId> {
+    let (stream, pool, used) = state.home_of(addr)?;
+    let size = state.size_of(&state.live[&addr]);
+    (used || pool != pool_of(size)).then_some(stream)
+}
+
+/// After the core allocated `addr`: a block borrowed from the other pool must be freed through
+/// the core (Note [Front cache]).
+pub(crate) fn after_allocate<B: Backend>(state: &State<B>, shards: &mut AllShards<'_>, addr: u64) {
+    if let Some(stream) = core_only_stream(state, addr) {
+        slow_only(shards, stream, addr);
     }
 }
 

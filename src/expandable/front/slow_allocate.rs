@@ -62,12 +62,12 @@ pub(crate) fn allocate<B: Backend>(
             let out = state.allocate(size, stream);
             allowance::shift_current(&mut state.stats, &stashed, false);
             let a = out?;
-            after_allocate(state, shards, a.ptr.get(), a.size);
+            after_allocate(state, shards, a.ptr.get());
             return Ok(a);
         }
     }
     flush(state, shards);
     let a = state.allocate(size, stream)?;
-    after_allocate(state, shards, a.ptr.get(), a.size);
+    after_allocate(state, shards, a.ptr.get());
     Ok(a)
 }
