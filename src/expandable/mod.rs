@@ -48,7 +48,7 @@ use crate::snapshot::Snapshot;
 use crate::stats::MemoryStats;
 use crate::units::DevAddr;
 
-use front::FrontCache;
+use front::{FrontCache, OtherCall};
 use state::State;
 
 /// Expandable-segments allocator: see the [module docs](self).
@@ -83,21 +83,27 @@ impl<B: Backend> ExpandableAllocator<B> {
         })
     }
 
+    /// The state's lock, for a call the front cache never serves (Note [Other calls] in
+    /// `front/engage.rs`): a free that finds it taken by such a call is no contention.
+    fn other_call(&self) -> OtherCall<'_, State<B>> {
+        OtherCall::lock(&self.state, &self.front.engagement)
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> ExpandableConfig {
-        self.state.lock().config.clone()
+        self.other_call().config.clone()
     }
 
     /// Runs `f` on the backend (e.g. a test's clone of a Sim backend is simpler; this is for the
     /// rest).
     pub fn with_backend<T>(&self, f: impl FnOnce(&B) -> T) -> T {
-        f(&self.state.lock().backend)
+        f(&self.other_call().backend)
     }
 
     /// Checks every internal invariant (segments, free ranges, index, stats) and returns the first
     /// violation. Walks the whole state: for tests and debugging.
     pub fn check_invariants(&self) -> Result<(), crate::InvariantViolation> {
-        let state = self.state.lock();
+        let state = self.other_call();
         let shards = self.front.lock_all();
         front::check(&self.front, &state, &shards)?;
         state.check()
@@ -107,7 +113,7 @@ impl<B: Backend> ExpandableAllocator<B> {
     /// cache]): the slow path of every call but `allocate` (`front::allocate`), `config`,
     /// `with_backend` and `held_bytes`, which read what a stashed block does not change.
     fn slow<T>(&self, f: impl FnOnce(&mut State<B>, &mut front::AllShards<'_>) -> T) -> T {
-        let mut state = self.state.lock();
+        let mut state = self.other_call();
         if !self.front.is_engaged() {
             // Settled under the state's lock: nothing is stashed (Note [Engage on contention]).
             return f(&mut state, &mut Vec::new());
@@ -171,7 +177,7 @@ impl<B: Backend> ExpandableAllocator<B> {
     /// the start, with `OnContention` once threads contend, never with `Off`. A test kit reading.
     #[cfg(feature = "testkit")]
     pub fn front_engaged(&self) -> bool {
-        let _state = self.state.lock();
+        let _state = self.other_call();
         self.front.is_engaged()
     }
 
@@ -183,12 +189,29 @@ impl<B: Backend> ExpandableAllocator<B> {
         self.front.engagement.contended()
     }
 
+    /// Frees through `deallocate` that found the allocator's lock held by a call the front
+    /// cache never serves (statistics, snapshots, `empty_cache`, ...), and so did not count as
+    /// contention (Note [Other calls] in `front/engage.rs`). A test kit counter.
+    #[cfg(feature = "testkit")]
+    pub fn front_frees_behind_other_calls(&self) -> u32 {
+        self.front.engagement.behind_other_calls()
+    }
+
+    /// Runs `f` holding the allocator's lock as an allocation or a free does: a free on
+    /// another thread meanwhile finds it contended (Note [Engage on contention]). For tests
+    /// that make contention instead of waiting for it.
+    #[cfg(feature = "testkit")]
+    pub fn while_allocating<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _state = self.state.lock();
+        f()
+    }
+
     /// Segments the release path (`empty_cache`, the last resort of a failing allocation) has
     /// examined or walked so far: work that must grow with what changed and what it gives back,
     /// not with every segment (issue 21). A test kit counter.
     #[cfg(feature = "testkit")]
     pub fn release_walk_steps(&self) -> u64 {
-        self.state.lock().releasable.visits
+        self.other_call().releasable.visits
     }
 
     /// Allocations that took the allocator's lock with the front cache on (Note [Front
@@ -208,13 +231,13 @@ impl<B: Backend> ExpandableAllocator<B> {
     /// pieces, not with every chunk mapped under live blocks. A test kit counter.
     #[cfg(feature = "testkit")]
     pub fn chunk_walk_steps(&self) -> u64 {
-        self.state.lock().chunk_walk_steps.get()
+        self.other_call().chunk_walk_steps.get()
     }
 }
 
 impl<B: Backend> std::fmt::Debug for ExpandableAllocator<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let backend = self.state.lock().backend.name();
+        let backend = self.other_call().backend.name();
         f.debug_struct("ExpandableAllocator")
             .field("backend", &backend)
             .field("held_bytes", &self.held_bytes())
@@ -302,7 +325,7 @@ impl<B: Backend> Allocator for ExpandableAllocator<B> {
     }
 
     fn held_bytes(&self) -> u64 {
-        let s = self.state.lock();
+        let s = self.other_call();
         s.stats.reserved_bytes.all.current + s.cache.bytes() as u64
     }
 

@@ -3,8 +3,12 @@
 //! then the one without the front cache call for call; once frees find the lock taken; and no
 //! longer once its stashes serve too few allocations.
 //!
-//! Contention is made, not waited for: the test holds the allocator's lock (`with_backend`)
-//! while another thread frees, and lets go only once that free has counted the lock as taken.
+//! Contention is made, not waited for: the test holds the allocator's lock as an allocation
+//! does (`while_allocating`) while another thread frees, and lets go only once that free has
+//! counted the lock as taken. A lock held by a call the cache never serves (statistics, a
+//! snapshot) is no contention (Note [Other calls]).
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use vmm_alloc::backend::{SimBackend, SimConfig};
 use vmm_alloc::config::{ExpandableConfig, FrontCacheMode};
@@ -36,14 +40,42 @@ fn alloc_on(sim: SimBackend, mode: FrontCacheMode) -> ExpandableAllocator<SimBac
     ExpandableAllocator::new(sim, config).unwrap()
 }
 
-/// Frees `a` on another thread while this one holds the allocator's lock, and lets the lock go
-/// once the free has counted it taken.
+/// Frees `a` on another thread while this one holds the allocator's lock as an allocation
+/// does, and lets the lock go once the free has counted it taken.
 fn free_while_locked(alloc: &ExpandableAllocator<SimBackend>, a: Allocation) {
     let before = alloc.front_contended_frees();
     std::thread::scope(|s| {
-        let freer = alloc.with_backend(|_| {
+        let freer = alloc.while_allocating(|| {
             let freer = s.spawn(|| alloc.deallocate(a).unwrap());
             while alloc.front_contended_frees() == before {
+                std::thread::yield_now();
+            }
+            freer
+        });
+        freer.join().unwrap();
+    });
+}
+
+/// Frees `a` on another thread while this one holds the allocator's lock through a call the
+/// front cache never serves (`with_backend`, as `stats()` and `snapshot()` do), and lets the
+/// lock go once the free has found it taken (counted as contention or not), or has returned
+/// without it (stashed by an engaged cache).
+fn free_while_read(alloc: &ExpandableAllocator<SimBackend>, a: Allocation) {
+    let done = AtomicBool::new(false);
+    let seen = || {
+        (
+            alloc.front_frees_behind_other_calls(),
+            alloc.front_contended_frees(),
+        )
+    };
+    let before = seen();
+    std::thread::scope(|s| {
+        let freer = alloc.with_backend(|_| {
+            let freer = s.spawn(|| {
+                alloc.deallocate(a).unwrap();
+                done.store(true, Ordering::SeqCst);
+            });
+            while seen() == before && !done.load(Ordering::SeqCst) {
                 std::thread::yield_now();
             }
             freer
@@ -220,6 +252,38 @@ fn a_cache_that_serves_too_few_disengages_and_waits_longer_next_time() {
     );
     let second = contend_until_engaged(&a, 4 * first + 10);
     assert_eq!(second, 4 * first, "the second engagement's wait");
+    a.check_invariants().unwrap();
+}
+
+/// A thread that only reads (a monitor calling `stats()`) beside one that allocates and frees:
+/// every free that finds the lock held by the reader is no contention, so the cache never
+/// engages, however often it happens, and the allocating thread's addresses are those of the
+/// allocator without the cache; a free behind an allocation still counts.
+#[test]
+fn a_thread_reading_statistics_never_engages_it() {
+    let a = alloc(FrontCacheMode::OnContention);
+    let off = alloc(FrontCacheMode::Off);
+    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+    for i in 0..300 {
+        let size = RING[i % 6];
+        let b = a.allocate(size, S1).unwrap();
+        mine.push(b.ptr().get());
+        free_while_read(&a, b);
+        let b = off.allocate(size, S1).unwrap();
+        theirs.push(b.ptr().get());
+        off.deallocate(b).unwrap();
+    }
+    assert_eq!(a.front_frees_behind_other_calls(), 300);
+    assert_eq!(a.front_contended_frees(), 0, "a reader's lock counted");
+    assert!(!a.front_engaged(), "a reading thread engaged the cache");
+    let offsets = |v: &[u64]| {
+        let low = v.iter().copied().min().unwrap_or(0);
+        v.iter().map(|&p| p - low).collect::<Vec<_>>()
+    };
+    assert_eq!(offsets(&mine), offsets(&theirs), "addresses differ");
+    let b = a.allocate(4096, S2).unwrap();
+    free_while_locked(&a, b);
+    assert_eq!(a.front_contended_frees(), 1, "a free behind an allocation");
     a.check_invariants().unwrap();
 }
 

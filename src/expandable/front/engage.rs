@@ -39,7 +39,7 @@ use crate::backend::Backend;
 use crate::config::FrontCacheMode;
 use crate::expandable::state::State;
 use crate::mechanism::violation::InvariantViolation;
-use crate::sync::{AtomicBool, AtomicU32};
+use crate::sync::{AtomicBool, AtomicU32, Mutex, MutexGuard};
 use crate::units::DevAddr;
 
 /// Contended frees that engage a disengaged front cache the first time (one under loom, whose
@@ -64,6 +64,12 @@ pub(crate) struct Engagement {
     engaged: AtomicBool,
     /// Contended frees since the cache last disengaged (or since the start).
     contended: AtomicU32,
+    /// Whether the state's lock is held by a call the cache never serves (Note [Other
+    /// calls]): set just after such a call takes the lock, cleared just before it lets go.
+    other_call: AtomicBool,
+    /// Frees that found the lock held by such a call, and so did not count (a test kit
+    /// reading).
+    behind_other_calls: AtomicU32,
     /// Contended frees the next engagement waits for; changed under every lock.
     engage_after: AtomicU32,
 }
@@ -74,6 +80,8 @@ impl Engagement {
             mode,
             engaged: AtomicBool::new(mode == FrontCacheMode::Always),
             contended: AtomicU32::new(0),
+            other_call: AtomicBool::new(false),
+            behind_other_calls: AtomicU32::new(0),
             engage_after: AtomicU32::new(ENGAGE_AFTER),
         }
     }
@@ -97,8 +105,19 @@ impl Engagement {
         self.contended.load(Relaxed)
     }
 
-    /// Counts a free that found the state's lock taken; true when enough have to engage.
+    /// Frees that found the lock held by a call the cache never serves (Note [Other calls]).
+    #[cfg(feature = "testkit")]
+    pub(crate) fn behind_other_calls(&self) -> u32 {
+        self.behind_other_calls.load(Relaxed)
+    }
+
+    /// Counts a free that found the state's lock taken; true when enough have to engage. A
+    /// lock held by a call the cache never serves does not count (Note [Other calls]).
     pub(crate) fn note_contention(&self) -> bool {
+        if self.other_call.load(Relaxed) {
+            self.behind_other_calls.fetch_add(1, Relaxed);
+            return false;
+        }
         let seen = self.contended.fetch_add(1, Relaxed).saturating_add(1);
         seen >= self.engage_after.load(Relaxed)
     }
@@ -158,6 +177,52 @@ impl Engagement {
         self.contended.store(0, Relaxed);
         self.engaged.store(false, Relaxed);
         true
+    }
+}
+
+/// Note [Other calls]: only a thread that allocates or frees makes the contention the cache
+/// relieves; a thread that reads statistics or snapshots, empties the cache or records a
+/// stream takes the lock too, but the cache never serves those calls, and a monitoring thread
+/// calling `stats()` beside a program that allocates from one thread would otherwise engage
+/// the cache there, changing which blocks that program gets for no gain. Every such call holds
+/// the lock through an [`OtherCall`], which marks it held for the length of the call; a free
+/// that finds the lock taken while it is marked does not count. The mark is a hint read without
+/// the lock (set just after the lock is taken, cleared just before it is let go): a free in
+/// those few instructions may count wrongly, which at worst moves an engagement by one free.
+pub(crate) struct OtherCall<'a, T> {
+    guard: MutexGuard<'a, T>,
+    mark: &'a AtomicBool,
+}
+
+impl<'a, T> OtherCall<'a, T> {
+    /// Takes `lock` for a call the front cache never serves, marked in `engagement`.
+    pub(crate) fn lock(lock: &'a Mutex<T>, engagement: &'a Engagement) -> Self {
+        let guard = lock.lock();
+        engagement.other_call.store(true, Relaxed);
+        Self {
+            guard,
+            mark: &engagement.other_call,
+        }
+    }
+}
+
+impl<T> std::ops::Deref for OtherCall<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.guard
+    }
+}
+
+impl<T> std::ops::DerefMut for OtherCall<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.guard
+    }
+}
+
+impl<T> Drop for OtherCall<'_, T> {
+    /// Cleared while the lock is still held: the guard is dropped after this.
+    fn drop(&mut self) {
+        self.mark.store(false, Relaxed);
     }
 }
 

@@ -71,7 +71,7 @@ use arrayvec::ArrayVec;
 use rustc_hash::FxHashSet;
 
 use allowance::{Amount, Scoped};
-pub(crate) use engage::Engagement;
+pub(crate) use engage::{Engagement, OtherCall};
 
 use crate::backend::{Backend, StreamId};
 use crate::config::{ExpandableConfig, FrontCacheMode, ROUNDUP_INTERVALS};
