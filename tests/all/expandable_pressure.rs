@@ -16,15 +16,29 @@ const S0: StreamId = StreamId::DEFAULT;
 pub(crate) fn other_stream_frees_two_pages(
     config: ExpandableConfig,
 ) -> (ExpandableAllocator<SimBackend>, Vec<Allocation>, Allocation) {
+    other_stream_frees(config, 4, &[0, 1])
+}
+
+/// On a device of `blocks + 1` pages of 20 MiB, stream 9 holds `blocks` one-page blocks and the
+/// default stream one, so the device is full; stream 9 frees those at `freed` (indices in
+/// allocation order, freed in that order). Returns the allocator, stream 9's blocks left and the
+/// default stream's block.
+pub(crate) fn other_stream_frees(
+    config: ExpandableConfig,
+    blocks: usize,
+    freed: &[usize],
+) -> (ExpandableAllocator<SimBackend>, Vec<Allocation>, Allocation) {
     let other = StreamId::sim(9);
-    let a = on_device(100 * MB, config);
-    let mut o: Vec<_> = (0..4)
-        .map(|_| a.allocate(20 * MB, other).unwrap())
+    let a = on_device((blocks + 1) * 20 * MB, config);
+    let mut o: Vec<_> = (0..blocks)
+        .map(|_| Some(a.allocate(20 * MB, other).unwrap()))
         .collect();
     let s1 = a.allocate(20 * MB, S0).unwrap();
-    a.deallocate(o.remove(0)).unwrap();
-    a.deallocate(o.remove(0)).unwrap();
-    (a, o, s1)
+    for &i in freed {
+        a.deallocate(o[i].take().expect("each block freed once"))
+            .unwrap();
+    }
+    (a, o.into_iter().flatten().collect(), s1)
 }
 
 /// Ours on a Sim device of `capacity` bytes.

@@ -8,11 +8,12 @@
 //! default stream one, so the device is full; O frees two, and the default stream asks for
 //! 20 MiB.
 
-use crate::expandable_pressure::{on_device, other_stream_frees_two_pages};
+use crate::expandable_pressure::{on_device, other_stream_frees, other_stream_frees_two_pages};
 use vmm_alloc::backend::{Backend, CallKind};
 use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::stats::MemoryStats;
-use vmm_alloc::{Allocator, StreamId};
+use vmm_alloc::testkit::EmulatedBackend;
+use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, SimBackend, StreamId};
 
 const MB: usize = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
@@ -26,11 +27,19 @@ fn give_back() -> ExpandableConfig {
 
 /// The statistics after the default stream's request, and the device's free bytes then.
 fn foreign_pages_needed(config: ExpandableConfig) -> (MemoryStats, usize) {
-    let (a, o, s1) = other_stream_frees_two_pages(config);
+    page_request(other_stream_frees_two_pages(config))
+}
+
+/// The default stream asks for a page on the full device of `other_stream_frees`: the
+/// statistics after it and the device's free bytes then, everything freed after.
+fn page_request(
+    (a, o, s1): (ExpandableAllocator<SimBackend>, Vec<Allocation>, Allocation),
+) -> (MemoryStats, usize) {
+    let device = a.with_backend(|s| s.capacity());
     let s2 = a.allocate(20 * MB, S0).unwrap();
     a.check_invariants().unwrap();
     let stats = a.stats();
-    let free = 100 * MB - a.with_backend(|s| s.live()).physical_bytes;
+    let free = device - a.with_backend(|s| s.live()).physical_bytes;
     for b in o.into_iter().chain([s1, s2]) {
         a.deallocate(b).unwrap();
     }
@@ -94,27 +103,10 @@ fn the_growing_streams_own_pages_are_still_remapped_without_a_synchronization() 
 
 /// The default `give_back_below_free_pages` (5 %), on a 500 MiB device of 20 MiB pages full of
 /// another stream's 24 one-page blocks and one of the default stream's: when that stream has
-/// freed `freed` of its blocks and the default stream asks for a page, returns the statistics.
-fn mosaic(config: ExpandableConfig, freed: usize) -> MemoryStats {
-    let other = StreamId::sim(9);
-    let a = on_device(500 * MB, config);
-    let mut o: Vec<_> = (0..24)
-        .map(|_| a.allocate(20 * MB, other).unwrap())
-        .collect();
-    let s1 = a.allocate(20 * MB, S0).unwrap();
-    // Every fifth block: whole pages apart, none merging with another.
-    for i in 0..freed {
-        a.deallocate(o.remove(5 * i + 1 - i)).unwrap();
-    }
-    let s2 = a.allocate(20 * MB, S0).unwrap();
-    a.check_invariants().unwrap();
-    let stats = a.stats();
-    for b in o.into_iter().chain([s1, s2]) {
-        a.deallocate(b).unwrap();
-    }
-    a.empty_cache().unwrap();
-    assert_eq!(a.with_backend(|s| s.live()).physical_bytes, 0);
-    stats
+/// freed the blocks at `freed` (whole pages apart, none merging with another) and the default
+/// stream asks for a page, returns the statistics.
+fn mosaic(config: ExpandableConfig, freed: &[usize]) -> MemoryStats {
+    page_request(other_stream_frees(config, 24, freed)).0
 }
 
 /// One whole free page of 24 mapped (4 %) is not worth a synchronization of the stream that
@@ -122,12 +114,12 @@ fn mosaic(config: ExpandableConfig, freed: usize) -> MemoryStats {
 /// two of 24 (8 %), or the setting at 0, and the page is remapped after the synchronization.
 #[test]
 fn a_stream_with_few_whole_free_pages_is_given_back_instead_of_synchronized_for_them() {
-    let few = mosaic(ExpandableConfig::default(), 1);
+    let few = mosaic(ExpandableConfig::default(), &[1]);
     assert_eq!(few.num_alloc_retries, 1, "given back and retried");
     assert_eq!(few.remapped_bytes, 0);
     assert_eq!(few.num_ooms, 0);
     assert_eq!(few.calls.calls(CallKind::Synchronize), 1);
-    let more = mosaic(ExpandableConfig::default(), 2);
+    let more = mosaic(ExpandableConfig::default(), &[1, 6]);
     assert_eq!(more.num_alloc_retries, 0, "8 % free: remapped");
     assert_eq!(more.remapped_bytes, 20 * MB as u64);
     assert_eq!(more.calls.calls(CallKind::Synchronize), 1);
@@ -136,7 +128,7 @@ fn a_stream_with_few_whole_free_pages_is_given_back_instead_of_synchronized_for_
             give_back_below_free_pages: 0.0,
             ..ExpandableConfig::default()
         },
-        1,
+        &[1],
     );
     assert_eq!(off.num_alloc_retries, 0, "off: remapped");
     assert_eq!(off.remapped_bytes, 20 * MB as u64);
