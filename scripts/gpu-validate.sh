@@ -11,9 +11,9 @@
 #
 # What runs: the Cuda conformance suite (`conformance --include-ignored cuda`), the DeviceBuffer
 # GPU tests (`cuda_buffer --include-ignored`), the cudarc example against
-# examples/cudarc_buffer.expected, the GPU benches (benches/gpu.rs, criterion --quick: growth per
-# GiB vs the raw driver loop, hot path vs cuMemAllocAsync, replay of the largest shared trace), and
-# python/tests/gpu/run.sh when the Python package provides it (else "not present").
+# examples/cudarc_buffer.expected, python/tests/gpu/run.sh when the Python package provides it (else
+# "not present"), and last the GPU benches (benches/gpu.rs, criterion --quick: growth per GiB vs the
+# raw driver loop, hot path vs cuMemAllocAsync, replay of the largest shared trace).
 #
 # VMM_CUDA_VERSION=13000 (say) builds with cudarc's `cuda-13000` bindings (`--features
 # cudarc/cuda-13000`, the command-line form of a user's own cudarc line) instead of cudarc's
@@ -160,17 +160,8 @@ run_bundle() {
         record "cudarc example" FAIL "exit $rc; output differs from the expected: $(head -n 12 "$OUT/logs/cudarc_example.diff" | tr '\n' ';')"
     fi
 
-    log="$OUT/logs/gpu_bench.log"
-    (cd "$OUT" && VMM_TRACES_DIR="$dir/traces/pytorch" CARGO_TARGET_DIR="$OUT/target" \
-        timeout "$BENCH_TIMEOUT" "$dir/bin/gpu" --bench --quick --noplot) >"$log" 2>&1
-    rc=$?
-    if ((rc == 0)) && ! grep -q 'SKIPPED' "$log"; then
-        record "GPU benches" PASS "$(grep -c 'time:' "$log") measurements (below)"
-    else
-        ((rc == 124)) && rc="timed out after ${BENCH_TIMEOUT}s"
-        record "GPU benches" FAIL "exit $rc; $(grep -m 3 -E 'SKIPPED|panicked|error' "$log" | tr '\n' ';') see logs/gpu_bench.log"
-    fi
-
+    # The PyTorch checks before the benches: correctness first, so a bench that runs long (and a
+    # caller's overall timeout) cannot cost them.
     if [[ -x "$dir/python/tests/gpu/run.sh" ]]; then
         log="$OUT/logs/python_gpu.log"
         VMM_BUNDLE="$dir" PYTHONPATH="$dir/python${PYTHONPATH:+:$PYTHONPATH}" \
@@ -183,6 +174,17 @@ run_bundle() {
         fi
     else
         record "PyTorch GPU checks" "not present" "python/tests/gpu/run.sh is not in the bundle"
+    fi
+
+    log="$OUT/logs/gpu_bench.log"
+    (cd "$OUT" && VMM_TRACES_DIR="$dir/traces/pytorch" CARGO_TARGET_DIR="$OUT/target" \
+        timeout "$BENCH_TIMEOUT" "$dir/bin/gpu" --bench --quick --noplot) >"$log" 2>&1
+    rc=$?
+    if ((rc == 0)) && ! grep -q 'SKIPPED' "$log"; then
+        record "GPU benches" PASS "$(grep -c 'time:' "$log") measurements (below)"
+    else
+        ((rc == 124)) && rc="timed out after ${BENCH_TIMEOUT}s"
+        record "GPU benches" FAIL "exit $rc; $(grep -m 3 -E 'SKIPPED|panicked|error' "$log" | tr '\n' ';') see logs/gpu_bench.log"
     fi
 
     write_report "$dir" "$device" "$driver" "$cuda"
