@@ -25,6 +25,8 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BENCH_TIMEOUT="${VMM_BENCH_TIMEOUT:-420}" # seconds for the GPU benches
 STEP_TIMEOUT="${VMM_STEP_TIMEOUT:-300}"   # seconds for each other step
+PYTHON_TIMEOUT="${VMM_PYTHON_TIMEOUT:-600}" # seconds for the PyTorch checks (10 training runs; an
+                                            # H200 took 135 s for STEPS=120, so ~5 min for 300)
 
 usage() {
     sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
@@ -108,8 +110,10 @@ build() {
 }
 
 # ------------------------------------------------------------------------------------------ run
-declare -a STEP_NAMES=() STEP_STATUS=() STEP_DETAIL=()
-record() { STEP_NAMES+=("$1"); STEP_STATUS+=("$2"); STEP_DETAIL+=("$3"); }
+# Each step's name, status, details and its log (the Failures section shows the logs of the failed
+# steps only: a passing suite's log may well contain "error" in a test's name).
+declare -a STEP_NAMES=() STEP_STATUS=() STEP_DETAIL=() STEP_LOG=()
+record() { STEP_NAMES+=("$1"); STEP_STATUS+=("$2"); STEP_DETAIL+=("$3"); STEP_LOG+=("${4:-}"); }
 
 # The libtest summary of a log ("N passed; M failed; ..."), or its last line.
 summary_of() {
@@ -128,7 +132,7 @@ test_step() { # name, log name, command...
         local failed
         failed="$(grep -E '^test .* FAILED$|^---- ' "$log" | head -n 8 | tr '\n' ';')"
         ((rc == 124)) && failed="timed out after ${STEP_TIMEOUT}s; $failed"
-        record "$name" FAIL "exit $rc; ${sum:-no summary}; $failed see logs/$(basename "$log")"
+        record "$name" FAIL "exit $rc; ${sum:-no summary}; $failed see logs/$(basename "$log")" "$log"
     fi
 }
 
@@ -157,7 +161,8 @@ run_bundle() {
     if ((rc == 0)) && diff -u "$dir/cudarc_buffer.expected" "$log" >"$OUT/logs/cudarc_example.diff"; then
         record "cudarc example" PASS "output equals cudarc_buffer.expected"
     else
-        record "cudarc example" FAIL "exit $rc; output differs from the expected: $(head -n 12 "$OUT/logs/cudarc_example.diff" | tr '\n' ';')"
+        record "cudarc example" FAIL "exit $rc; output differs from the expected: $(head -n 12 "$OUT/logs/cudarc_example.diff" | tr '\n' ';')" \
+            "$OUT/logs/cudarc_example.stderr"
     fi
 
     # The PyTorch checks before the benches: correctness first, so a bench that runs long (and a
@@ -165,12 +170,13 @@ run_bundle() {
     if [[ -x "$dir/python/tests/gpu/run.sh" ]]; then
         log="$OUT/logs/python_gpu.log"
         VMM_BUNDLE="$dir" PYTHONPATH="$dir/python${PYTHONPATH:+:$PYTHONPATH}" \
-            timeout "$STEP_TIMEOUT" "$dir/python/tests/gpu/run.sh" >"$log" 2>&1
+            timeout "$PYTHON_TIMEOUT" "$dir/python/tests/gpu/run.sh" >"$log" 2>&1
         rc=$?
         if ((rc == 0)); then
             record "PyTorch GPU checks" PASS "$(tail -n 1 "$log")"
         else
-            record "PyTorch GPU checks" FAIL "exit $rc; $(tail -n 5 "$log" | tr '\n' ';')"
+            ((rc == 124)) && rc="timed out after ${PYTHON_TIMEOUT}s"
+            record "PyTorch GPU checks" FAIL "exit $rc; $(tail -n 5 "$log" | tr '\n' ';')" "$log"
         fi
     else
         record "PyTorch GPU checks" "not present" "python/tests/gpu/run.sh is not in the bundle"
@@ -180,11 +186,17 @@ run_bundle() {
     (cd "$OUT" && VMM_TRACES_DIR="$dir/traces/pytorch" CARGO_TARGET_DIR="$OUT/target" \
         timeout "$BENCH_TIMEOUT" "$dir/bin/gpu" --bench --quick --noplot) >"$log" 2>&1
     rc=$?
-    if ((rc == 0)) && ! grep -q 'SKIPPED' "$log"; then
-        record "GPU benches" PASS "$(grep -c 'time:' "$log") measurements (below)"
+    # The expandable policies depend on no address, so their replays on the device and on a Sim of
+    # it must agree (classic's may not: the driver orders reservations otherwise).
+    local differ
+    differ="$(grep -E '^sim-check (expandable|pytorch-expandable) .*: DIFFERENT$' "$log")"
+    if ((rc == 0)) && [[ -n "$differ" ]]; then
+        record "GPU benches" FAIL "the Sim predicted other figures than the device: $(tr '\n' ';' <<<"$differ") see logs/gpu_bench.log" "$log"
+    elif ((rc == 0)) && ! grep -q 'SKIPPED' "$log"; then
+        record "GPU benches" PASS "$(grep -c 'time:' "$log") measurements, $(grep -c '^sim-check .*: same$' "$log") of $(grep -c '^sim-check ' "$log") replays as the Sim predicted (below)"
     else
         ((rc == 124)) && rc="timed out after ${BENCH_TIMEOUT}s"
-        record "GPU benches" FAIL "exit $rc; $(grep -m 3 -E 'SKIPPED|panicked|error' "$log" | tr '\n' ';') see logs/gpu_bench.log"
+        record "GPU benches" FAIL "exit $rc; $(grep -m 3 -E 'SKIPPED|panicked|error' "$log" | tr '\n' ';') see logs/gpu_bench.log" "$log"
     fi
 
     write_report "$dir" "$device" "$driver" "$cuda"
@@ -236,6 +248,15 @@ write_report() { # bundle, device ("no GPU" when none), driver, cuda version
             # A benchmark's name line and its time/throughput lines.
             grep -E '^[A-Za-z0-9_./-]+ *$|^[A-Za-z0-9_./-]+ +time:|^ +(time|thrpt):|SKIPPED|skipped' "$OUT/logs/gpu_bench.log"
             echo '```'
+            if grep -q '^sim-check ' "$OUT/logs/gpu_bench.log"; then
+                echo
+                echo "The same replays on a Sim of this device (expandable policies must agree; classic's"
+                echo "best fit breaks ties by address, and the driver orders addresses otherwise):"
+                echo
+                echo '```text'
+                grep '^sim-check ' "$OUT/logs/gpu_bench.log"
+                echo '```'
+            fi
             if [[ -s "$OUT/target/bench-extra/gpu.json" ]]; then
                 echo
                 echo "What each run needed (\`bench-extra/gpu.json\`):"
@@ -245,18 +266,26 @@ write_report() { # bundle, device ("no GPU" when none), driver, cuda version
                 echo '```'
             fi
         fi
-        local failed_logs
-        failed_logs="$(for i in "${!STEP_STATUS[@]}"; do [[ "${STEP_STATUS[$i]}" == FAIL ]] && echo "${STEP_NAMES[$i]}"; done)"
-        if [[ -n "$failed_logs" ]]; then
+        local failed=() f
+        for i in "${!STEP_STATUS[@]}"; do
+            [[ "${STEP_STATUS[$i]}" == FAIL ]] && failed+=("$i")
+        done
+        if ((${#failed[@]})); then
             echo
             echo "## Failures"
-            for f in "$OUT"/logs/*.log; do
-                grep -qiE 'FAILED|panicked|error|differs' "$f" || continue
+            for i in "${failed[@]}"; do
+                f="${STEP_LOG[$i]}"
                 echo
-                echo "### $(basename "$f")"
+                echo "### ${STEP_NAMES[$i]}${f:+ (logs/$(basename "$f"))}"
+                [[ -n "$f" && -s "$f" ]] || continue
                 echo
                 echo '```text'
-                grep -E -B2 -A12 'panicked|FAILED|^---- ' "$f" | head -n 80
+                # The failing tests' reports where the log has any, else its end (a timeout, a crash).
+                if grep -qE 'panicked|FAILED|^---- ' "$f"; then
+                    grep -E -B2 -A12 'panicked|FAILED|^---- ' "$f" | head -n 80
+                else
+                    tail -n 30 "$f"
+                fi
                 echo '```'
             done
         fi

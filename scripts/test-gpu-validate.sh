@@ -68,6 +68,18 @@ check "... reports the PyTorch checks as not present (no python/tests/gpu/run.sh
 check "... has a Failures section with the failing tests" \
     bash -c "grep -q '^## Failures' '$R' && grep -q 'cuda_buffer.log' '$R'"
 
+# A step that passes keeps its log out of the Failures section even when the log says "error" (a
+# test named so): the first GPU run listed two passing suites there.
+P="$TMP/passing-bundle"
+cp -r "$B" "$P"
+printf '#!/bin/sh\necho "test buffer::reports_error_values ... ok"\necho "test result: ok. 1 passed; 0 failed"\n' >"$P/bin/cuda_buffer"
+check "--run where one step passes and the others fail: exit 1" exits 1 env PATH="$FAKE:$PATH" "$P/gpu-validate.sh" --run "$P" --out "$TMP/out3"
+R="$TMP/out3/GPU.md"
+check "... reports the passing step as PASS" grep -q '^| DeviceBuffer GPU tests | PASS |' "$R"
+check "... its Failures section names the failed steps and not the passing one" \
+    bash -c "sed -n '/^## Failures/,\$p' '$R' | grep -q '^### Cuda conformance suite' &&
+        ! sed -n '/^## Failures/,\$p' '$R' | grep -qE 'DeviceBuffer|cuda_buffer'"
+
 if ((fails)); then
     echo "test-gpu-validate: $fails check(s) FAILED"
     exit 1

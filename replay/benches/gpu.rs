@@ -27,7 +27,9 @@
 //! Sim), `held_bytes()` read after every event for the peak (as on Sim), OOMs counted and skipped.
 //! Each trace stream is a cudarc stream registered with the backend (stream 0 the legacy one).
 //! What each run needed (OOMs, peaks), the device and the skipped parts go to
-//! `<target>/bench-extra/gpu.json`; the skip reason alone when skipped.
+//! `<target>/bench-extra/gpu.json`; the skip reason alone when skipped. Each churn and replay run
+//! is also replayed untimed on a Sim of the same device and budget (`sim-check` lines, `sim` in
+//! the JSON): the expandable policies' OOMs and peaks must be the same on both.
 
 // The bench helpers shared with the library's benches.
 use vmm_dev_support::bench_extra::{self as extra, Json};
@@ -67,11 +69,11 @@ mod cuda {
     use criterion::measurement::WallTime;
     use criterion::{BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput};
     use cudarc::driver::{result, sys, CudaContext, CudaStream};
-    use vmm_alloc::backend::Backend;
+    use vmm_alloc::backend::{Backend, SimConfig};
     use vmm_alloc::config::{AllocConf, ExpandableConfig};
     use vmm_alloc::{
         AllocError, Allocation, Allocator, ClassicAllocator, CudaBackend, CudaMemory,
-        ExpandableAllocator, StreamId,
+        ExpandableAllocator, SimBackend, StreamId,
     };
     use vmm_replay::replay::Policy;
     use vmm_replay::{workloads, Event, Trace};
@@ -121,7 +123,7 @@ mod cuda {
         let hot = hot_path(c, backend, &ctx);
         let growth = growth_all(c, backend);
         let churn = churn(c, backend, total);
-        let replay = replay(c, backend);
+        let replay = replay(c, backend, total);
         let mut fields = Vec::from(head());
         fields.extend([
             ("hot_path", hot),
@@ -267,9 +269,9 @@ mod cuda {
 
     /// One allocator of `policy` on `backend`, holding at most `fraction` of the device, with the
     /// trace's `PYTORCH_CUDA_ALLOC_CONF` applied as `vmm_replay::replay::replay` does.
-    fn make(
+    fn make<B: Backend + Clone + 'static>(
         policy: Policy,
-        backend: &CudaBackend,
+        backend: &B,
         conf: Option<&str>,
         fraction: f64,
     ) -> Box<dyn Allocator> {
@@ -296,10 +298,10 @@ mod cuda {
     /// Sim: initial blocks, then the events; an allocation that fails out of memory is counted
     /// and its free skipped; the program's `empty_cache()` calls are replayed; `held_bytes()` is
     /// read after every event for the peak reserved (mapped pages plus cached handles).
-    fn replay_on(
+    fn replay_on<B: Backend + Clone + 'static>(
         trace: &Trace,
         policy: Policy,
-        backend: &CudaBackend,
+        backend: &B,
         streams: &HashMap<u64, StreamId>,
         fraction: f64,
     ) -> Needed {
@@ -363,6 +365,68 @@ mod cuda {
         n
     }
 
+    /// The run just measured, replayed on a Sim of this device: its memory rounded down to the
+    /// granularity, a budget of `budget` bytes as on the device (the same memory fraction formula),
+    /// each trace stream a Sim stream. Prints a `sim-check` line saying whether OOMs and peaks agree
+    /// and returns the Sim's figures. The expandable policies depend on no address, so they must
+    /// agree (a difference is a Sim or backend defect); classic's best fit breaks ties between equal
+    /// free blocks by address, and the driver hands out reservations in another order than Sim,
+    /// so its figures may differ a little (2026-11-27 on an H200: 2 segments of 821).
+    fn sim_check(
+        trace: &Trace,
+        policy: Policy,
+        total: usize,
+        budget: f64,
+        gpu: &Needed,
+        case: &str,
+    ) -> Json {
+        let capacity = total / (2 * MIB) * (2 * MIB);
+        let fraction = (budget / capacity as f64).min(1.0);
+        let sim = match SimBackend::with_config(SimConfig {
+            capacity,
+            ..SimConfig::default()
+        }) {
+            Ok(sim) => sim,
+            Err(e) => return Json::obj([("error", e.to_string().into())]),
+        };
+        let mut streams = HashMap::from([(0, StreamId::DEFAULT)]);
+        let named = trace.initial.iter().map(|b| b.stream);
+        let named = named.chain(trace.events.iter().filter_map(|e| match e {
+            Event::Alloc { stream, .. } | Event::FailedAlloc { stream, .. } => Some(*stream),
+            _ => None,
+        }));
+        for s in named {
+            streams.entry(s).or_insert(StreamId::sim(s));
+        }
+        let n = replay_on(trace, policy, &sim, &streams, fraction);
+        let agrees = n.ooms == gpu.ooms && n.peak_reserved == gpu.peak_reserved;
+        println!(
+            "sim-check {} {case}: GPU {} OOMs, peak reserved {} B; Sim {} OOMs, {} B: {}",
+            policy.name(),
+            gpu.ooms,
+            gpu.peak_reserved,
+            n.ooms,
+            n.peak_reserved,
+            if agrees { "same" } else { "DIFFERENT" }
+        );
+        Json::obj([
+            ("ooms", n.ooms.into()),
+            ("peak_reserved_bytes", n.peak_reserved.into()),
+            ("agrees", Json::Bool(agrees)),
+        ])
+    }
+
+    /// `record` (a [`Needed::report`] object) with the Sim's figures under `sim`.
+    fn with_sim(record: Json, sim: Json) -> Json {
+        match record {
+            Json::Obj(mut fields) => {
+                fields.push(("sim".into(), sim));
+                Json::Obj(fields)
+            }
+            other => other,
+        }
+    }
+
     /// A registered cudarc stream for every stream the trace names (0: the legacy stream).
     fn streams_of(trace: &Trace, backend: &CudaBackend) -> HashMap<u64, StreamId> {
         let mut streams = HashMap::from([(0, StreamId::DEFAULT)]);
@@ -397,7 +461,9 @@ mod cuda {
             let case = format!("max{max_mib}MiB/ops{ops}");
             for policy in POLICIES {
                 let run = || replay_on(&trace, policy, backend, &streams, fraction);
-                runs.push(run().report("gpu_churn", policy.name(), &case));
+                let gpu = run();
+                let sim = sim_check(&trace, policy, total, CHURN_BUDGET as f64, &gpu, &case);
+                runs.push(with_sim(gpu.report("gpu_churn", policy.name(), &case), sim));
                 group.bench_function(BenchmarkId::new(policy.name(), &case), |b| b.iter(&run));
             }
         }
@@ -408,7 +474,7 @@ mod cuda {
         ])
     }
 
-    fn replay(c: &mut Criterion, backend: &CudaBackend) -> Json {
+    fn replay(c: &mut Criterion, backend: &CudaBackend, total: usize) -> Json {
         let mut traces = vec![workloads::transformer_training(1)];
         let mut skipped = Json::Null;
         match shared_trace::largest() {
@@ -431,7 +497,12 @@ mod cuda {
             group.throughput(Throughput::Elements(events));
             for policy in POLICIES {
                 let run = || replay_on(trace, policy, backend, &streams, 1.0);
-                runs.push(run().report("gpu_replay", policy.name(), &trace.name));
+                let gpu = run();
+                let sim = sim_check(trace, policy, total, total as f64, &gpu, &trace.name);
+                runs.push(with_sim(
+                    gpu.report("gpu_replay", policy.name(), &trace.name),
+                    sim,
+                ));
                 group.bench_function(BenchmarkId::new(policy.name(), &trace.name), |b| {
                     b.iter(&run)
                 });
