@@ -183,6 +183,8 @@ run_bundle() {
     fi
 
     log="$OUT/logs/gpu_bench.log"
+    # No earlier run's baseline (an --out used twice): criterion would add "change:" reports.
+    rm -rf "$OUT/target/criterion"
     (cd "$OUT" && VMM_TRACES_DIR="$dir/traces/pytorch" CARGO_TARGET_DIR="$OUT/target" \
         timeout "$BENCH_TIMEOUT" "$dir/bin/gpu" --bench --quick --noplot) >"$log" 2>&1
     rc=$?
@@ -193,7 +195,7 @@ run_bundle() {
     if ((rc == 0)) && [[ -n "$differ" ]]; then
         record "GPU benches" FAIL "the Sim predicted other figures than the device: $(tr '\n' ';' <<<"$differ") see logs/gpu_bench.log" "$log"
     elif ((rc == 0)) && ! grep -q 'SKIPPED' "$log"; then
-        record "GPU benches" PASS "$(grep -c 'time:' "$log") measurements, $(grep -c '^sim-check .*: same$' "$log") of $(grep -c '^sim-check ' "$log") replays as the Sim predicted (below)"
+        record "GPU benches" PASS "$(grep -cE '^gpu_[a-z_]+/[^ ]+( +time:.*)?$' "$log") measurements, $(grep -c '^sim-check .*: same$' "$log") of $(grep -c '^sim-check ' "$log") replays as the Sim predicted (below)"
     else
         ((rc == 124)) && rc="timed out after ${BENCH_TIMEOUT}s"
         record "GPU benches" FAIL "exit $rc; $(grep -m 3 -E 'SKIPPED|panicked|error' "$log" | tr '\n' ';') see logs/gpu_bench.log" "$log"
