@@ -190,6 +190,16 @@ impl<T: Ord + Copy> SortedRuns<T> {
     /// false (nothing changed) if `old` is absent or `new` belongs elsewhere.
     #[inline]
     pub(crate) fn replace_in_place(&mut self, old: &T, new: T) -> bool {
+        if self.len == 1 {
+            // The hot path's case: a bin holding only the segment tail that allocations carve
+            // and frees give back. One entry has no neighbours to stay between.
+            let found = self.lasts[0] == *old;
+            if found {
+                self.runs[0][0] = new;
+                self.lasts[0] = new;
+            }
+            return found;
+        }
         if self.len == 0 {
             return false;
         }
@@ -298,5 +308,24 @@ mod tests {
             assert!(runs.remove(k));
         }
         assert!(runs.is_empty() && runs.well_formed() && runs.first().is_none());
+    }
+
+    #[test]
+    fn one_entry_is_replaced_by_any_key_and_an_absent_one_is_refused() {
+        let mut runs = SortedRuns::default();
+        // Emptied and refilled too: the kept empty run then holds the one entry.
+        for round in 0..3u64 {
+            assert!(runs.insert(100 + round));
+            assert!(!runs.replace_in_place(&7, 8), "an absent key is refused");
+            assert!(runs.iter().eq([100 + round]));
+            // Larger, then smaller than the entry: one entry has no neighbours to keep between.
+            assert!(runs.replace_in_place(&(100 + round), 5_000));
+            assert!(runs.replace_in_place(&5_000, 3));
+            assert!(runs.well_formed() && runs.len() == 1);
+            assert_eq!(runs.first(), Some(3));
+            assert_eq!(runs.first_from(&2), Some(3));
+            assert!(runs.contains(&3) && !runs.contains(&5_000));
+            assert!(runs.remove(&3) && runs.is_empty() && runs.well_formed());
+        }
     }
 }
