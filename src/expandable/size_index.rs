@@ -7,6 +7,13 @@
 //! length in a lower one, so this is still the exact best fit (smallest length that fits, lowest
 //! address on ties) that one ordered set gave, while each set stays small: a hot path that keeps
 //! carving the tail of a segment no longer shares a B-tree with 100,000 fragments of other sizes.
+//!
+//! Note [Hot range]: the range a replace moved to another class (or rank) waits outside the bins,
+//! in one slot, until another range takes its place there. The hot path carves a block from one
+//! free range and merges it back on free; where that changes the range's class (1 MiB from a
+//! 2 MiB page, 256 MiB from a longer tail), each call would take it out of one bin and put it in
+//! another; in the slot it is rewritten in place. Best fit compares the slot with the bins'
+//! answer, so it is still the exact best fit: the index holds the same set, in another place.
 
 use crate::backend::StreamId;
 use crate::expandable::pieces::PieceId;
@@ -63,6 +70,8 @@ fn class_of(len: usize) -> usize {
 pub(crate) struct SizeIndex {
     bins: Vec<Bin>,
     nonempty: [u64; WORDS],
+    /// The range last moved by a replace, in no bin (Note [Hot range]).
+    hot: Option<FreeRange>,
 }
 
 impl Default for SizeIndex {
@@ -70,6 +79,7 @@ impl Default for SizeIndex {
         Self {
             bins: (0..CLASSES).map(|_| Bin::default()).collect(),
             nonempty: [0; WORDS],
+            hot: None,
         }
     }
 }
@@ -101,40 +111,62 @@ impl SizeIndex {
 
     #[inline]
     pub(crate) fn remove(&mut self, e: FreeRange) -> bool {
+        if self.hot == Some(e) {
+            self.hot = None;
+            return true;
+        }
         self.take(class_of(e.len), e)
     }
 
-    /// Replaces the entry `old` (which must be present) by `new`: in place when it keeps its
-    /// class and rank (a page-sized tail carved or given back), else moved.
+    /// Replaces the entry `old` (which must be present) by `new`: in place when it is the hot
+    /// range or keeps its class and rank (a page-sized tail carved or given back), else it
+    /// becomes the hot range and the one before goes to its bin (Note [Hot range]).
     #[inline]
     pub(crate) fn replace(&mut self, old: FreeRange, new: FreeRange) {
-        let (co, cn) = (class_of(old.len), class_of(new.len));
-        if co == cn && self.bins[co].replace_in_place(&old, new) {
+        if self.hot == Some(old) {
+            self.hot = Some(new);
+            return;
+        }
+        let co = class_of(old.len);
+        if co == class_of(new.len) && self.bins[co].replace_in_place(&old, new) {
             return;
         }
         let removed = self.take(co, old);
         debug_assert!(removed, "replacing {old:?}, which is not indexed");
-        self.put(cn, new);
+        if let Some(before) = self.hot.replace(new) {
+            self.put(class_of(before.len), before);
+        }
     }
 
     pub(crate) fn contains(&self, e: FreeRange) -> bool {
-        self.bins[class_of(e.len)].contains(&e)
+        self.hot == Some(e) || self.bins[class_of(e.len)].contains(&e)
     }
 
     /// Every entry, in no particular order.
     #[cfg(test)]
     fn iter(&self) -> impl Iterator<Item = FreeRange> + '_ {
-        self.bins.iter().flat_map(|b| b.iter())
+        self.bins.iter().flat_map(|b| b.iter()).chain(self.hot)
     }
 
     /// How many ranges it holds: counted, not kept (only `check` asks).
     pub(crate) fn len(&self) -> usize {
-        self.bins.iter().map(SortedRuns::len).sum()
+        self.bins.iter().map(SortedRuns::len).sum::<usize>() + usize::from(self.hot.is_some())
     }
 
     /// The smallest range of at least `len` bytes (lowest address on ties).
     #[inline]
     pub(crate) fn best_fit(&self, len: usize) -> Option<FreeRange> {
+        let binned = self.best_fit_in_bins(len);
+        match self.hot {
+            // (len, start, piece) order: the hot range fits exactly when its length does.
+            Some(h) if h.len >= len && binned.is_none_or(|b| h < b) => Some(h),
+            _ => binned,
+        }
+    }
+
+    /// [`best_fit`](Self::best_fit) among the binned ranges.
+    #[inline]
+    fn best_fit_in_bins(&self, len: usize) -> Option<FreeRange> {
         let c = class_of(len);
         if let Some(found) = self.bins[c].first_from(&FreeRange::new(len, 0, PieceId::LEAST)) {
             return Some(found);
@@ -281,6 +313,77 @@ mod tests {
                 FreeRange::new(1 << 20, 0x0200, id[2])
             ]
         );
+    }
+
+    #[test]
+    fn agrees_with_an_ordered_set_through_inserts_removes_and_replaces() {
+        use std::collections::BTreeSet;
+        // A 64-bit LCG's high bits: deterministic.
+        let mut seed = 11u64;
+        let mut below = |n: u64| {
+            seed = seed
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % n
+        };
+        // Lengths across many classes, with ties; each start used by one range at most.
+        let lens = [
+            512,
+            4096,
+            1 << 20,
+            (1 << 20) + 512,
+            2 << 20,
+            20 << 20,
+            256 << 20,
+        ];
+        let mut ix = SizeIndex::default();
+        let mut set = BTreeSet::new();
+        for step in 0..20_000 {
+            let len = lens[below(lens.len() as u64) as usize] - 512 * below(2) as usize;
+            let range = FreeRange::new(len, below(300) << 12, PieceId::LEAST);
+            let taken = |set: &BTreeSet<FreeRange>, at: u64| set.iter().any(|r| r.start == at);
+            match below(4) {
+                0 if !taken(&set, range.start) => {
+                    ix.insert(range);
+                    set.insert(range);
+                }
+                1 => {
+                    let old = set
+                        .iter()
+                        .nth(below(set.len() as u64 + 1) as usize)
+                        .copied();
+                    assert_eq!(
+                        ix.remove(old.unwrap_or(range)),
+                        set.remove(&old.unwrap_or(range))
+                    );
+                }
+                _ => {
+                    // The hot path's replace: one range carved or grown, often the same one.
+                    if let Some(&old) = set.iter().nth(below(set.len().min(3) as u64 + 1) as usize)
+                    {
+                        let new = FreeRange::new(len, old.start, old.piece);
+                        if !set.contains(&new) {
+                            ix.replace(old, new);
+                            set.remove(&old);
+                            set.insert(new);
+                        }
+                    }
+                }
+            }
+            assert_eq!(ix.len(), set.len(), "step {step}");
+            for want in [1, 512, 4097, 1 << 20, 3 << 20, 21 << 20, 300 << 20] {
+                let model = set.range(FreeRange::new(want, 0, PieceId::LEAST)..).next();
+                assert_eq!(
+                    ix.best_fit(want),
+                    model.copied(),
+                    "step {step}, best fit of {want}"
+                );
+            }
+            assert!(ix.contains(range) == set.contains(&range));
+        }
+        let mut all: Vec<FreeRange> = ix.iter().collect();
+        all.sort_unstable();
+        assert!(all.iter().eq(set.iter()));
     }
 
     #[test]
