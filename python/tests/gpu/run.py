@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS = int(os.environ.get("STEPS", "300"))
@@ -17,6 +18,39 @@ def run(mode, loop, steps):
     if p.returncode != 0 or not lines:
         return {"mode": mode, "error": (p.stderr or p.stdout)[-1500:]}
     return json.loads(lines[-1])
+
+
+def run_tool(mode, workdir):
+    p = subprocess.run([sys.executable, os.path.join(HERE, "tools.py"), mode, workdir],
+                       capture_output=True, text=True, timeout=600)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"mode": mode, "error": (p.stderr or p.stdout)[-1500:]}
+    return json.loads(lines[-1])
+
+
+def judge_tool(r):
+    """(passed, what it showed) for one tools.py result."""
+    if "error" in r:
+        return False, r["error"].strip().splitlines()[-1] if r["error"].strip() else "no output"
+    if "skipped" in r:
+        return True, "skipped: " + r["skipped"]
+    if r["mode"] == "sleep":
+        want = r["want"]
+        ok = (r["mapped"] >= want and r["asleep"] >= want and r["released"] >= want
+              and r["same"] and r["usable"] and r["other_intact"])
+        return ok, (f"{r['mapped'] >> 20} MiB sleepable, {r['released'] >> 20} MiB back on the device "
+                    f"while asleep, values {'restored' if r['same'] else 'NOT restored'} on wake, "
+                    f"{'usable' if r['usable'] else 'NOT usable'} after, other tensors "
+                    f"{'intact' if r['other_intact'] else 'CHANGED'}")
+    if r["mode"] == "snapshot":
+        ok = ({"segments", "device_traces", "allocator_settings"} <= set(r["keys"])
+              and r["actions"][:3] == ["alloc", "alloc", "free_requested"]
+              and (7 << 20) in r["live"] and r["trace_magic"] == "VMMTRACE")
+        return ok, f"actions {r['actions']}, live requested sizes {r['live']}, trace starts {r['trace_magic']!r}"
+    ok = r["sum_right"] and r["allocated_during"] >= r["want"] and r["allocated_after"] < r["allocated_during"]
+    return ok, (f"result {'right' if r['sum_right'] else 'WRONG'}, {r['allocated_during'] >> 20} MiB "
+                f"allocated by us during, {r['allocated_after'] >> 20} MiB after")
 
 
 def main():
@@ -54,6 +88,14 @@ def main():
         if not ok:
             failures.append(f"oom/{m}: {text[:300]}")
         print(f"* {m}: {r.get('oom_type', '?')}: `{text.splitlines()[0] if text else ''}` -> {'ok' if ok else 'FAILED'}")
+    print()
+    print("### tools (sleep and wake, snapshot and trace, CuPy)\n")
+    with tempfile.TemporaryDirectory() as workdir:
+        for mode in ["sleep", "snapshot", "cupy"]:
+            ok, shown = judge_tool(run_tool(mode, workdir))
+            if not ok:
+                failures.append(f"tools/{mode}: {shown}")
+            print(f"* {mode}: {shown} -> {'ok' if ok else 'FAILED'}")
     print()
     if failures:
         print("### FAILURES\n")
