@@ -192,6 +192,12 @@ pub struct ExpandableConfig {
     /// 0.14 GiB less summed, at about twice PyTorch's driver calls at minimum capacity (README,
     /// Results, "Finer pages near the device's end"). PyTorch: off.
     pub fine_pages_above: f64,
+    /// Gives adjacent free pages back to the device with one `cuMemUnmap` over all of them (one
+    /// call may span many whole mappings; the H100 and H200 accept it) instead of one call per
+    /// page, in `empty_cache` and wherever every free page is given back (Note \[Unmap runs\]
+    /// in `expandable/release.rs`). Changes no decision, only how many driver calls they take.
+    /// Default on. PyTorch: one call per page.
+    pub batch_unmaps: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -224,6 +230,7 @@ impl Default for ExpandableConfig {
             give_back_before_foreign_sync: false,
             give_back_below_free_pages: 0.05,
             fine_pages_above: 1.0,
+            batch_unmaps: true,
         }
     }
 }
@@ -253,6 +260,7 @@ impl ExpandableConfig {
             reuse_last_free: false,
             harvest_lowest_first: false,
             give_back_below_free_pages: 0.0,
+            batch_unmaps: false,
             ..Self::default()
         }
     }

@@ -37,10 +37,7 @@ impl<B: Backend> State<B> {
             }
             // A synchronization unparked them already; without one the stream was quiet.
             self.unpark_segment(seg)?;
-            for c in chunks {
-                self.unmap_chunk(seg, c)?;
-                self.unmapped_handle(c.chunk)?;
-            }
+            self.unmap_free_chunks(seg, &chunks)?;
             let s = &self.segments[&seg];
             if s.chunks.is_empty() && s.stuck.is_empty() && s.parked.is_empty() {
                 self.free_segment(seg)?;
@@ -138,6 +135,61 @@ impl<B: Backend> State<B> {
         let _ = self.trim_cache(self.cache_bound());
     }
 
+    /// Unmaps every chunk of `chunks` (free chunks of `seg`, in address order) and hands each
+    /// handle to [`unmapped_handle`](Self::unmapped_handle).
+    ///
+    /// Note [Unmap runs]: one `cuMemUnmap` may span many adjacent whole mappings (the H100's
+    /// behaviour, `../shared/reference/cudarc-and-vmm.md`; the ledger checks the same on every
+    /// backend), so with `batch_unmaps` each run of adjacent chunks is one driver call. A run
+    /// the driver refuses whole is unmapped chunk by chunk, as without the setting, so an error
+    /// leaves exactly the chunks before the failing one unmapped, each with its handle handed on.
+    /// The bookkeeping is per chunk either way, in address order (each chunk's `free_to_gap`
+    /// leaves the piece of the chunks after it as it was).
+    fn unmap_free_chunks(
+        &mut self,
+        seg: SegmentKey,
+        chunks: &[FreeChunk],
+    ) -> Result<(), BackendError> {
+        let mut rest = chunks;
+        while let Some(first) = rest.first() {
+            let mut n = 1;
+            if self.config.batch_unmaps {
+                while n < rest.len() && rest[n - 1].at + rest[n - 1].chunk.len as u64 == rest[n].at
+                {
+                    n += 1;
+                }
+            }
+            let (run, after) = rest.split_at(n);
+            rest = after;
+            let len = (run[n - 1].at - first.at) as usize + run[n - 1].chunk.len;
+            let whole = n > 1
+                && track(
+                    &mut self.stats,
+                    CallKind::Unmap,
+                    self.backend.unmap(DevAddr::new(first.at), len),
+                )
+                .is_ok();
+            if !whole {
+                for &c in run {
+                    self.unmap_chunk(seg, c)?;
+                    self.unmapped_handle(c.chunk)?;
+                }
+                continue;
+            }
+            // Every chunk of the run is unmapped: each is forgotten before any handle is handed
+            // on, so that a handle the cache refuses cannot leave a chunk counted as mapped.
+            for &c in run {
+                self.forget_unmapped_chunk(seg, c);
+            }
+            let mut result = Ok(());
+            for &c in run {
+                result = result.and(self.unmapped_handle(c.chunk));
+            }
+            result?;
+        }
+        Ok(())
+    }
+
     /// Unmaps one free chunk and takes it out of the free ranges; the handle is the caller's.
     /// Returns the new free piece before the chunk, if its piece was split (`free_to_gap`).
     pub(crate) fn unmap_chunk(
@@ -145,12 +197,17 @@ impl<B: Backend> State<B> {
         seg: SegmentKey,
         free: FreeChunk,
     ) -> Result<Option<PieceId>, BackendError> {
-        let FreeChunk { at, chunk, piece } = free;
         track(
             &mut self.stats,
             CallKind::Unmap,
-            self.backend.unmap(DevAddr::new(at), chunk.len),
+            self.backend.unmap(DevAddr::new(free.at), free.chunk.len),
         )?;
+        Ok(self.forget_unmapped_chunk(seg, free))
+    }
+
+    /// The bookkeeping of [`unmap_chunk`](Self::unmap_chunk) once the driver unmapped `free`.
+    fn forget_unmapped_chunk(&mut self, seg: SegmentKey, free: FreeChunk) -> Option<PieceId> {
+        let FreeChunk { at, chunk, piece } = free;
         let front = self.free_to_gap(seg, piece, at, chunk.len);
         let s = self.segments.get_mut(&seg).expect("live segment");
         s.remove_chunk(at);
@@ -158,7 +215,7 @@ impl<B: Backend> State<B> {
         let pool = s.pool;
         self.stats.reserved_bytes.decrease(pool, chunk.len as u64);
         self.stats.num_device_free += 1;
-        Ok(front)
+        front
     }
 
     fn free_segment(&mut self, seg: SegmentKey) -> Result<(), BackendError> {

@@ -20,3 +20,4 @@ mod parked_pages;
 mod pytorch_parity;
 mod pytorch_rounding;
 mod scaling_regressions;
+mod unmap_runs;
