@@ -8,6 +8,7 @@ use std::sync::Mutex;
 use crate::conf::{merge, settings};
 use crate::replay::{min_capacity, replay, Policy, ReplayError, ReplayOptions, ReplayOutcome};
 use crate::{Event, Trace};
+use vmm_alloc::config::parse_alloc_conf;
 use vmm_alloc::units::human_bytes;
 
 /// The granularity of the minimum-capacity bisection (the Sim backend's page).
@@ -23,28 +24,70 @@ pub struct Candidate {
     pub policy: Policy,
     /// The `PYTORCH_CUDA_ALLOC_CONF` change on top of the recorded settings.
     pub change: Option<String>,
+    /// The trace was recorded with `expandable_segments:True`: PyTorch's expandable policy is
+    /// then the configuration as recorded, and classic the one that needs a change
+    /// (`expandable_segments:False`).
+    pub recorded_expandable: bool,
 }
 
 impl Candidate {
     /// `classic max_split_size_mb:128`, `expandable_segments:True`, `vmm-alloc`, ...
     pub fn name(&self) -> String {
-        let who = match self.policy {
-            Policy::Classic => "classic",
-            Policy::PytorchExpandable => "expandable_segments:True",
-            Policy::Expandable => "vmm-alloc (ours)",
-        };
-        match &self.change {
-            Some(c) => format!("{who} {c}"),
-            None if self.policy == Policy::Classic => "classic (as recorded)".into(),
-            None => who.into(),
+        let change = self.full_change();
+        match self.policy {
+            Policy::Classic if change.is_empty() => "classic (as recorded)".into(),
+            Policy::Classic => format!("classic {change}"),
+            Policy::PytorchExpandable if self.recorded_expandable && change.is_empty() => {
+                "expandable_segments:True (as recorded)".into()
+            }
+            Policy::PytorchExpandable if change.is_empty() => "expandable_segments:True".into(),
+            Policy::PytorchExpandable => format!("expandable_segments:True {change}"),
+            Policy::Expandable if change.is_empty() => "vmm-alloc (ours)".into(),
+            Policy::Expandable => format!("vmm-alloc (ours) {change}"),
         }
     }
 
-    /// How many settings it changes (what "smallest change" counts).
+    /// How many settings it changes (what "smallest change" counts): switching between
+    /// PyTorch's two allocators counts as one.
     pub fn keys_changed(&self) -> usize {
-        self.change.as_deref().map_or(0, |c| settings(c).len())
-            + usize::from(self.policy == Policy::PytorchExpandable)
+        let switch = match self.policy {
+            Policy::Classic => self.recorded_expandable,
+            Policy::PytorchExpandable => !self.recorded_expandable,
+            Policy::Expandable => false,
+        };
+        self.change.as_deref().map_or(0, |c| settings(c).len()) + usize::from(switch)
     }
+
+    /// `change` with the switch of PyTorch allocator it needs in front (for classic after a
+    /// recording with expandable segments, `expandable_segments:False`).
+    fn full_change(&self) -> String {
+        let change = self.change.as_deref().unwrap_or("");
+        if self.policy == Policy::Classic && self.recorded_expandable {
+            merge(Some("expandable_segments:False"), change)
+        } else {
+            change.to_string()
+        }
+    }
+
+    /// The `PYTORCH_CUDA_ALLOC_CONF` a PyTorch program sets to run this configuration:
+    /// `recorded` with the change and the allocator switch applied.
+    pub fn pytorch_conf(&self, recorded: Option<&str>) -> String {
+        let mut change = self.full_change();
+        if self.policy == Policy::PytorchExpandable {
+            change = merge(Some(&change), "expandable_segments:True");
+        }
+        merge(recorded, &change)
+    }
+}
+
+/// Whether `trace` was recorded with `expandable_segments:True` (its recorded settings parse
+/// and say so).
+pub fn recorded_expandable(trace: &Trace) -> bool {
+    trace
+        .alloc_conf
+        .as_deref()
+        .and_then(|c| parse_alloc_conf(c).ok())
+        .is_some_and(|c| c.expandable_segments)
 }
 
 /// The sweep: classic as recorded, under several `max_split_size_mb` values, power-of-two
@@ -55,6 +98,7 @@ pub fn candidates() -> Vec<Candidate> {
     let classic = |c: &str| Candidate {
         policy: Policy::Classic,
         change: (!c.is_empty()).then(|| c.to_string()),
+        recorded_expandable: false,
     };
     let mut out = vec![classic("")];
     for mb in [64, 128, 256, 512] {
@@ -75,6 +119,7 @@ pub fn candidates() -> Vec<Candidate> {
         out.push(Candidate {
             policy,
             change: None,
+            recorded_expandable: false,
         });
     }
     out
@@ -92,10 +137,15 @@ pub const NEAR_FULL_SETTING: &str = "fine_pages_above:0.85";
 /// The sweep for `trace`: [`candidates`], ours with [`NEAR_FULL_SETTING`], and, when the trace
 /// allocates on more than one stream, ours with [`SEVERAL_STREAMS_SETTING`] and with both.
 pub fn candidates_for(trace: &Trace) -> Vec<Candidate> {
+    let recorded = recorded_expandable(trace);
     let mut out = candidates();
+    for c in &mut out {
+        c.recorded_expandable = recorded;
+    }
     let ours = |change: String| Candidate {
         policy: Policy::Expandable,
         change: Some(change),
+        recorded_expandable: recorded,
     };
     out.push(ours(NEAR_FULL_SETTING.to_string()));
     let mut streams = trace
@@ -293,13 +343,7 @@ pub fn peak_live_moment(trace: &Trace, top: usize) -> (u64, u64, Vec<(u64, u64)>
 /// The advice: one verdict line and what to paste.
 pub fn recommend(trace: &Trace, capacity: u64, verdicts: &[Verdict]) -> String {
     let recorded = trace.alloc_conf.as_deref().filter(|c| !c.is_empty());
-    let env = |c: &Candidate| {
-        let mut change = c.change.clone().unwrap_or_default();
-        if c.policy == Policy::PytorchExpandable {
-            change = merge(Some(&change), "expandable_segments:True");
-        }
-        format!("PYTORCH_CUDA_ALLOC_CONF={}", merge(recorded, &change))
-    };
+    let env = |c: &Candidate| format!("PYTORCH_CUDA_ALLOC_CONF={}", c.pytorch_conf(recorded));
     let cap = human_bytes(capacity);
     let pytorch_fit = verdicts
         .iter()

@@ -221,6 +221,60 @@ fn advise_recommends_the_smallest_change_that_fits() {
     assert_eq!(stdout(&one), out);
 }
 
+/// A program recorded under `expandable_segments:True`: PyTorch's expandable policy is its setting
+/// as recorded, and classic is a change (`expandable_segments:False`), which the advice's export
+/// line must make: merging `max_split_size_mb` into the recorded string would have kept the
+/// expandable policy.
+#[test]
+fn advise_after_a_recording_with_expandable_segments_counts_classic_as_the_change() {
+    use vmm_replay::advise::{candidates_for, recorded_expandable};
+    use vmm_replay::replay::Policy;
+    let alloc = |id, size| Event::Alloc {
+        id,
+        size,
+        stream: 0,
+    };
+    let events = vec![
+        alloc(0, 100 * MIB),
+        Event::Free { id: 0 },
+        alloc(1, 30 * MIB),
+        alloc(2, 100 * MIB),
+    ];
+    let mut trace = Trace::from_events("split-expandable", events);
+    trace.alloc_conf = Some("expandable_segments:True".into());
+    assert!(recorded_expandable(&trace));
+    let list = candidates_for(&trace);
+    let pick = |policy, change: Option<&str>| {
+        list.iter()
+            .find(|c| c.policy == policy && c.change.as_deref() == change)
+            .unwrap()
+    };
+    let expandable = pick(Policy::PytorchExpandable, None);
+    assert_eq!(
+        (expandable.name().as_str(), expandable.keys_changed()),
+        ("expandable_segments:True (as recorded)", 0)
+    );
+    let classic = pick(Policy::Classic, Some("max_split_size_mb:64"));
+    assert_eq!(classic.keys_changed(), 2);
+    assert_eq!(
+        classic.pytorch_conf(trace.alloc_conf.as_deref()),
+        "expandable_segments:False,max_split_size_mb:64"
+    );
+    // PyTorch's expandable policy fits the split in 140 MiB: the recorded settings need no change.
+    let path = file("advise-exp", "split.vmmtrace", &write_native(&trace));
+    let o = vmm_replay(&["advise", path.to_str().unwrap(), "--capacity", "140MiB"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("| expandable_segments:True (as recorded) | yes |"),
+        "{out}"
+    );
+    assert!(
+        out.contains("your current settings fit in 140.00 MiB"),
+        "{out}"
+    );
+}
+
 #[test]
 fn advise_says_when_no_setting_can_fit() {
     let path = file("advise-none", "split.csv", &split_log());
