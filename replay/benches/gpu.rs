@@ -18,7 +18,9 @@
 //!   than target + 1 GiB free is skipped with a line saying so), the raw loop being
 //!   cuMemCreate + cuMemMap + cuMemSetAccess per page through the backend, no allocator.
 //! * `gpu_churn/<allocator>/max<M>MiB/ops10000`: `churn.rs`'s RMM shape on a 16 GiB budget
-//!   (`per_process_memory_fraction` = 16 GiB / device memory); 10,000 operations only.
+//!   (`per_process_memory_fraction` = 16 GiB / device memory); 10,000 operations only. And
+//!   `gpu_churn/<allocator>/inference-server-4-s1/budget7GiB`: the generated four-stream
+//!   inference server on a 7 GiB budget, pressure on several streams and segments.
 //! * `gpu_replay/<allocator>/<trace>`: `replay.rs`'s traces on the whole device, throughput in
 //!   events (one element per event).
 //!
@@ -454,17 +456,27 @@ mod cuda {
             .warm_up_time(Duration::from_millis(500))
             .measurement_time(Duration::from_secs(2));
         let mut runs = Vec::new();
-        for max_mib in [1, 64, 256] {
-            let ops = 10_000;
-            let trace = workloads::rmm_random(SEED, max_mib * MIB as u64, ops);
-            let streams = streams_of(&trace, backend);
-            let case = format!("max{max_mib}MiB/ops{ops}");
+        let ops = 10_000;
+        let mut cases: Vec<(Trace, String, usize)> = [1, 64, 256]
+            .map(|max_mib| {
+                let trace = workloads::rmm_random(SEED, max_mib * MIB as u64, ops);
+                (trace, format!("max{max_mib}MiB/ops{ops}"), CHURN_BUDGET)
+            })
+            .into();
+        // Four streams under pressure, on a budget each policy fits in (on Sim, 2026-11-27:
+        // 6,608 to 7,124 MiB): the Sim check then covers several segments and streams, whose
+        // order on the device (reservation addresses, stream handles) is not the Sim's.
+        let server = workloads::inference_server(1, 4);
+        cases.push((server, "inference-server-4-s1/budget7GiB".into(), 7 * GIB));
+        for (trace, case, budget) in &cases {
+            let fraction = (*budget as f64 / total as f64).min(1.0);
+            let streams = streams_of(trace, backend);
             for policy in POLICIES {
-                let run = || replay_on(&trace, policy, backend, &streams, fraction);
+                let run = || replay_on(trace, policy, backend, &streams, fraction);
                 let gpu = run();
-                let sim = sim_check(&trace, policy, total, CHURN_BUDGET as f64, &gpu, &case);
-                runs.push(with_sim(gpu.report("gpu_churn", policy.name(), &case), sim));
-                group.bench_function(BenchmarkId::new(policy.name(), &case), |b| b.iter(&run));
+                let sim = sim_check(trace, policy, total, *budget as f64, &gpu, case);
+                runs.push(with_sim(gpu.report("gpu_churn", policy.name(), case), sim));
+                group.bench_function(BenchmarkId::new(policy.name(), case), |b| b.iter(&run));
             }
         }
         group.finish();
