@@ -391,15 +391,7 @@ mod cuda {
             Ok(sim) => sim,
             Err(e) => return Json::obj([("error", e.to_string().into())]),
         };
-        let mut streams = HashMap::from([(0, StreamId::DEFAULT)]);
-        let named = trace.initial.iter().map(|b| b.stream);
-        let named = named.chain(trace.events.iter().filter_map(|e| match e {
-            Event::Alloc { stream, .. } | Event::FailedAlloc { stream, .. } => Some(*stream),
-            _ => None,
-        }));
-        for s in named {
-            streams.entry(s).or_insert(StreamId::sim(s));
-        }
+        let streams = stream_ids(trace, StreamId::sim);
         let n = replay_on(trace, policy, &sim, &streams, fraction);
         let agrees = n.ooms == gpu.ooms && n.peak_reserved == gpu.peak_reserved;
         println!(
@@ -431,6 +423,15 @@ mod cuda {
 
     /// A registered cudarc stream for every stream the trace names (0: the legacy stream).
     fn streams_of(trace: &Trace, backend: &CudaBackend) -> HashMap<u64, StreamId> {
+        stream_ids(trace, |_| {
+            let cu = backend.context().new_stream().expect("cuStreamCreate");
+            backend.register_stream(&cu).expect("register_stream")
+        })
+    }
+
+    /// A stream id for every stream the trace names, made once each by `make` (0 is the
+    /// legacy stream on every backend).
+    fn stream_ids(trace: &Trace, mut make: impl FnMut(u64) -> StreamId) -> HashMap<u64, StreamId> {
         let mut streams = HashMap::from([(0, StreamId::DEFAULT)]);
         let named = trace.initial.iter().map(|b| b.stream);
         let named = named.chain(trace.events.iter().filter_map(|e| match e {
@@ -438,10 +439,7 @@ mod cuda {
             _ => None,
         }));
         for s in named {
-            streams.entry(s).or_insert_with(|| {
-                let cu = backend.context().new_stream().expect("cuStreamCreate");
-                backend.register_stream(&cu).expect("register_stream")
-            });
+            streams.entry(s).or_insert_with(|| make(s));
         }
         streams
     }

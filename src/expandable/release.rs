@@ -161,14 +161,12 @@ impl<B: Backend> State<B> {
             }
             let (run, after) = rest.split_at(n);
             rest = after;
-            let len = (run[n - 1].at - first.at) as usize + run[n - 1].chunk.len;
-            let whole = n > 1
-                && track(
-                    &mut self.stats,
-                    CallKind::Unmap,
-                    self.backend.unmap(DevAddr::new(first.at), len),
-                )
-                .is_ok();
+            let last = run[n - 1];
+            let whole = n > 1 && {
+                let len = (last.at - first.at) as usize + last.chunk.len;
+                let unmapped = self.backend.unmap(DevAddr::new(first.at), len);
+                track(&mut self.stats, CallKind::Unmap, unmapped).is_ok()
+            };
             if !whole {
                 for &c in run {
                     self.unmap_chunk(seg, c)?;

@@ -318,14 +318,8 @@ mod tests {
     #[test]
     fn agrees_with_an_ordered_set_through_inserts_removes_and_replaces() {
         use std::collections::BTreeSet;
-        // A 64-bit LCG's high bits: deterministic.
-        let mut seed = 11u64;
-        let mut below = |n: u64| {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (seed >> 33) % n
-        };
+        let mut rng = crate::expandable::sorted_runs::tests::Lcg(11);
+        let mut below = |n: u64| rng.below(n);
         // Lengths across many classes, with ties; each start used by one range at most.
         let lens = [
             512,

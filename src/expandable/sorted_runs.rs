@@ -250,16 +250,17 @@ impl<T: Ord + Copy> SortedRuns<T> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
 
-    /// A deterministic stream of pseudo-random numbers (a 64-bit LCG's high bits).
-    struct Lcg(u64);
+    /// A deterministic stream of pseudo-random numbers (a 64-bit LCG's high bits); the size
+    /// index's model test draws from it too.
+    pub(crate) struct Lcg(pub(crate) u64);
 
     impl Lcg {
-        fn below(&mut self, n: u64) -> u64 {
+        pub(crate) fn below(&mut self, n: u64) -> u64 {
             self.0 = self
                 .0
                 .wrapping_mul(6_364_136_223_846_793_005)
