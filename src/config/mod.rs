@@ -195,8 +195,10 @@ pub struct ExpandableConfig {
     /// Gives adjacent free pages back to the device with one `cuMemUnmap` over all of them (one
     /// call may span many whole mappings; the H100 and H200 accept it) instead of one call per
     /// page, in `empty_cache` and wherever every free page is given back (Note \[Unmap runs\]
-    /// in `expandable/release.rs`). Changes no decision, only how many driver calls they take.
-    /// Default on. PyTorch: one call per page.
+    /// in `expandable/release.rs`), and unmaps the pages a growth remaps from quiet streams at
+    /// the growth's end, each run of adjacent ones with one call, instead of one call per page
+    /// as each is taken (Note \[Harvest unmap runs\] in `expandable/growth.rs`). Changes no
+    /// decision, only how many driver calls they take. Default on. PyTorch: one call per page.
     pub batch_unmaps: bool,
 }
 

@@ -118,6 +118,19 @@
 //! mapping over them (`choose_target`), after unparking them. Live blocks never move, so every
 //! address handed out stays valid; waste is bounded by partially used pages, not by where live
 //! blocks happen to sit.
+//!
+//! Note [Harvest unmap runs] (with `batch_unmaps`, the default): a page harvested from a quiet
+//! stream (synchronized for it, or with nothing freed since its last synchronization) is not
+//! unmapped when it is taken but parked (Note [Parked pages] in `parked.rs`: its handle may be
+//! mapped where the growth needs it while the old mapping stays), and at the growth's end, success
+//! or rollback, each run of adjacent such pages is unmapped with one call (page by page where
+//! the driver refuses the run; a page it refuses stays parked, unmapped at its stream's next
+//! synchronization). Nothing decides differently: the growth maps only into the hole it chose
+//! before harvesting, never over a harvested page, and a parked handle is never a candidate
+//! again within the growth; only the unmap calls are fewer (on a full device the pages a growth
+//! takes mostly lie together: the churn bench's and the shared traces' figures in the README).
+//! A handle already parked elsewhere is unmapped at once, as before: one parked mapping per
+//! handle.
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
 use crate::error::BackendError;
@@ -186,8 +199,21 @@ impl<B: Backend> State<B> {
     }
 
     /// Grows a segment of (stream, pool) so that the returned free piece (and the slot of the
-    /// index that holds it) holds `rounded` bytes.
+    /// index that holds it) holds `rounded` bytes. The pages it harvested from quiet streams are
+    /// unmapped at its end, whether it succeeded or not (Note [Harvest unmap runs]).
     pub(crate) fn grow(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Result<(u32, PieceId), GrowFail> {
+        let grown = self.grow_mapping(stream, pool, rounded);
+        self.unmap_harvested();
+        grown
+    }
+
+    /// [`grow`](Self::grow) but for the unmaps it defers.
+    fn grow_mapping(
         &mut self,
         stream: StreamId,
         pool: PoolKind,
@@ -524,11 +550,18 @@ impl<B: Backend> State<B> {
         park: bool,
     ) -> Result<(), GrowFail> {
         let (seg, free) = cands[i];
-        let front = if park {
+        // Note [Harvest unmap runs]: a quiet page's unmap waits for the growth's end.
+        let defer = !park
+            && self.config.batch_unmaps
+            && !self.parked_handles.contains_key(&free.chunk.handle);
+        let front = if park || defer {
             self.park_chunk(seg, free)
         } else {
             self.unmap_chunk(seg, free)?
         };
+        if defer {
+            self.harvest_unmaps.push((seg, free.at));
+        }
         cands.swap_remove(i);
         if let Some(front) = front {
             for (s, c) in cands.iter_mut() {

@@ -99,6 +99,53 @@ impl<B: Backend> State<B> {
                 _ => runs.push((at, end)),
             }
         }
+        self.unpark_runs(seg, runs, true)
+    }
+
+    /// Unmaps the pages the growth just ended harvested and parked (Note [Harvest unmap runs]
+    /// in `growth.rs`): per segment, each run of adjacent ones still parked with one call. Their
+    /// streams are quiet (each was synchronized, or needed no synchronization, when its page was
+    /// taken, and nothing was freed since). A page the driver refuses stays parked, unmapped at
+    /// its stream's next synchronization: the growth's result stands either way.
+    pub(crate) fn unmap_harvested(&mut self) {
+        if self.harvest_unmaps.is_empty() {
+            return;
+        }
+        let mut pages = std::mem::take(&mut self.harvest_unmaps);
+        pages.sort_unstable();
+        let mut i = 0;
+        while i < pages.len() {
+            let seg = pages[i].0;
+            let mut runs: Vec<(u64, u64)> = Vec::new();
+            while i < pages.len() && pages[i].0 == seg {
+                let at = pages[i].1;
+                i += 1;
+                // A synchronization of its stream during the growth may have unmapped it already.
+                let Some(c) = self.segments.get(&seg).and_then(|s| s.parked.get(&at)) else {
+                    continue;
+                };
+                let end = at + c.len as u64;
+                match runs.last_mut() {
+                    Some(run) if run.1 == at => run.1 = end,
+                    _ => runs.push((at, end)),
+                }
+            }
+            if !runs.is_empty() {
+                let _ = self.unpark_runs(seg, runs, false);
+            }
+        }
+        pages.clear();
+        self.harvest_unmaps = pages;
+    }
+
+    /// Unmaps `runs` (ranges of adjacent parked pages of `seg`, in address order), each with one
+    /// call, each page alone if that fails; `every` = the runs cover every parked page of `seg`.
+    fn unpark_runs(
+        &mut self,
+        seg: SegmentKey,
+        runs: Vec<(u64, u64)>,
+        every: bool,
+    ) -> Result<(), BackendError> {
         let mut result = Ok(());
         // What was unmapped, forgotten once every call is made: the whole map at once when
         // every run went (the usual case; a removal per page was a third of a synchronization's
@@ -127,7 +174,7 @@ impl<B: Backend> State<B> {
                 }
             }
         }
-        if all && !unmapped.is_empty() {
+        if every && all && !unmapped.is_empty() {
             self.forget_all_parked(seg);
         } else {
             for (start, end) in unmapped {

@@ -89,6 +89,10 @@ pub(crate) struct State<B: Backend> {
     /// handle -> (segment, address) of its parked mapping (Note [Parked pages] in `parked.rs`):
     /// at most one per handle. Empty unless a growth remapped a page without a synchronization.
     pub(crate) parked_handles: FxHashMap<PhysHandle, (SegmentKey, u64)>,
+    /// (segment, address) of the pages the growth in progress harvested from quiet streams and
+    /// parked until its end, when each run of adjacent ones is unmapped with one call (Note
+    /// [Harvest unmap runs] in `growth.rs`). Empty between calls.
+    pub(crate) harvest_unmaps: Vec<(SegmentKey, u64)>,
     /// What the driver would not take back yet (Note [Deferred releases]): events whose
     /// release failed (tried again by the next `process_events`), new segments of rolled-back
     /// growths (tried again by `empty_cache`); all given back at teardown.
@@ -142,6 +146,7 @@ impl<B: Backend> State<B> {
             recent_frees: RecentFrees::new(RECENT_FREES),
             unsynced_frees: FxHashSet::default(),
             parked_handles: FxHashMap::default(),
+            harvest_unmaps: Vec::new(),
             deferred: Deferred::default(),
             owner: crate::allocator::AllocatorId::fresh(),
         })
