@@ -197,12 +197,19 @@ pub fn evaluate(
         ..ReplayOptions::default()
     };
     let at_capacity = replay(trace, candidate.policy, &opts)?;
+    // A device that holds the trace: the one asked for when it fits, else an unconstrained one.
+    let roomy_capacity = capacity.saturating_mul(4).max(1 << 40);
+    let holds = if at_capacity.ooms == 0 {
+        capacity
+    } else {
+        roomy_capacity
+    };
     // The bisection's upper end: the run's own peak when it fits, else an unconstrained run's.
     let upper = if at_capacity.ooms == 0 {
         at_capacity.peak_reserved_bytes as usize
     } else {
         let roomy = ReplayOptions {
-            capacity: capacity.saturating_mul(4).max(1 << 40),
+            capacity: roomy_capacity,
             timeline_points: 1,
             diagnose: false,
             ..opts.clone()
@@ -220,11 +227,12 @@ pub fn evaluate(
         upper.max(CAPACITY_STEP),
         CAPACITY_STEP,
     )?;
-    if min.is_none() && at_capacity.ooms == 0 && capacity > upper {
+    if min.is_none() && holds > upper {
         // A policy whose decisions depend on the device's size (ours' fine pages past a
         // fraction of it) may not fit on a device of exactly the peak it reached on a larger
-        // one; it fits on the capacity asked for, so the bisection starts there.
-        min = min_capacity(trace, candidate.policy, &quiet, capacity, CAPACITY_STEP)?;
+        // one; it fits on `holds` (the capacity asked for, or an unconstrained device where it
+        // did not fit that), so the bisection starts there.
+        min = min_capacity(trace, candidate.policy, &quiet, holds, CAPACITY_STEP)?;
     }
     Ok(Verdict {
         candidate: candidate.clone(),

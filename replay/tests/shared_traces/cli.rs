@@ -14,6 +14,10 @@ pub const TESTS: &[(&str, SharedTest)] = &[
         "cli::check_classic_reproduces_all_23",
         check_classic_reproduces_all_23,
     ),
+    (
+        "cli::advise_gives_every_configuration_a_min_capacity",
+        advise_gives_every_configuration_a_min_capacity,
+    ),
 ];
 
 /// Runs `vmm-replay` with `args`; an error naming them when it does not succeed.
@@ -68,5 +72,36 @@ fn check_classic_reproduces_all_23(shared: &Shared) -> Result<Completion, Failed
     args.extend(files.iter().map(String::as_str));
     let out = String::from_utf8_lossy(&vmm_replay(&args)?.stdout).into_owned();
     assert!(out.contains("23 of 23 traces reproduced exactly"), "{out}");
+    Ok(Completion::Completed)
+}
+
+/// `advise` on a device smaller than any configuration needs: every row still says how much it
+/// would need. Ours with fine pages near the device's end decides by the device's size, and did
+/// not fit on a device of exactly the peak it reached unconstrained, where the bisection began:
+/// its row said "-".
+fn advise_gives_every_configuration_a_min_capacity(shared: &Shared) -> Result<Completion, Failed> {
+    let trace = shared.path("traces/pytorch/cs336-medium-ctx128-train.pickle");
+    let o = vmm_replay(&[
+        "advise",
+        trace.to_str().unwrap(),
+        "--capacity",
+        "6700MiB",
+        "--json",
+    ])?;
+    let report: serde_json::Value =
+        serde_json::from_slice(&o.stdout).map_err(|e| format!("--json prints JSON: {e}"))?;
+    let rows = report["configurations"].as_array().unwrap();
+    assert!(rows.iter().any(
+        |c| c["configuration"] == "vmm-alloc (ours) fine_pages_above:0.85" && c["fits"] == false
+    ));
+    for c in rows {
+        let min = c["min_capacity_bytes"].as_u64();
+        let live = c["peak_live_bytes"].as_u64().unwrap();
+        assert!(
+            min.is_some_and(|m| m > 6700 << 20 && m >= live),
+            "{}: min capacity {min:?}",
+            c["configuration"]
+        );
+    }
     Ok(Completion::Completed)
 }
