@@ -23,6 +23,11 @@ pub struct SimConfig {
     pub va_limit: u64,
     /// Devices an access list may name (the own device is 0). Default 1.
     pub devices: u32,
+    /// Where a reservation goes: false (the default), the best-fitting free range's lowest
+    /// addresses, so reservations made one after another go up; true, the highest free
+    /// addresses first, so they go down. A driver places reservations as it likes: tests replay
+    /// with both to show that the expandable policies decide alike wherever the addresses fall.
+    pub reserve_from_top: bool,
 }
 
 impl Default for SimConfig {
@@ -32,6 +37,7 @@ impl Default for SimConfig {
             capacity: 80 << 30,
             va_limit: 256 << 40,
             devices: 1,
+            reserve_from_top: false,
         }
     }
 }
@@ -187,7 +193,8 @@ impl SimBackend {
                 base,
                 base.saturating_add(config.va_limit),
                 config.granularity as u64,
-            ),
+            )
+            .placing_from_top(config.reserve_from_top),
             _window: window,
             next_handle: 0,
             events: SimEvents::default(),

@@ -23,6 +23,8 @@ pub(crate) struct VaMap {
     gaps: BTreeMap<u64, u64>,
     /// (len, start) of each gap: the best-fit index.
     by_len: BTreeSet<(u64, u64)>,
+    /// Reservations go to the highest gap that holds them, at its end (`SimConfig::reserve_from_top`).
+    from_top: bool,
 }
 
 impl VaMap {
@@ -35,9 +37,16 @@ impl VaMap {
             used: BTreeMap::new(),
             gaps: BTreeMap::new(),
             by_len: BTreeSet::new(),
+            from_top: false,
         };
         map.add_gap(base, limit);
         map
+    }
+
+    /// With `yes`, reservations go to the highest gap that holds them, at its end.
+    pub(crate) fn placing_from_top(mut self, yes: bool) -> Self {
+        self.from_top = yes;
+        self
     }
 
     fn add_gap(&mut self, start: u64, end: u64) {
@@ -56,11 +65,26 @@ impl VaMap {
     /// Reserves `len` bytes (a positive multiple of the guard) and returns the start, or `None`
     /// when no gap holds them.
     pub(crate) fn reserve(&mut self, len: u64) -> Option<u64> {
+        if self.from_top {
+            return self.reserve_from_top(len);
+        }
         let &(_, start) = self.by_len.range((len, 0)..).next()?;
         let end = self.gaps[&start];
         self.remove_gap(start);
         // What is left after the reservation and its guard.
         self.add_gap(start.saturating_add(len).saturating_add(self.guard), end);
+        self.used.insert(start, len);
+        Some(start)
+    }
+
+    /// [`reserve`](Self::reserve) from the top: the highest gap that holds `len`, at its end
+    /// (a walk down the gaps: a test configuration, not the default's O(log n)).
+    fn reserve_from_top(&mut self, len: u64) -> Option<u64> {
+        let (&gap_start, &end) = self.gaps.iter().rev().find(|(&s, &e)| e - s >= len)?;
+        let start = end - len;
+        self.remove_gap(gap_start);
+        // What is left below the reservation and its guard.
+        self.add_gap(gap_start, start.saturating_sub(self.guard));
         self.used.insert(start, len);
         Some(start)
     }
@@ -135,8 +159,34 @@ mod tests {
     }
 
     #[test]
+    fn from_the_top_reservations_go_down_a_guard_apart_and_freed_gaps_merge_and_are_reused() {
+        let mut m = VaMap::new(0x100, 0x200, G).placing_from_top(true);
+        let a = m.reserve(0x20).unwrap();
+        let b = m.reserve(0x20).unwrap();
+        let c = m.reserve(0x20).unwrap();
+        assert_eq!((a, b, c), (0x1e0, 0x1b0, 0x180));
+        check(&m);
+        assert!(m.free(b));
+        check(&m);
+        // The hole between c and a is the highest gap that holds 0x20.
+        assert_eq!(m.reserve(0x20), Some(0x1b0));
+        assert!(m.free(a) && m.free(0x1b0) && m.free(c));
+        check(&m);
+        assert_eq!(m.gaps.len(), 1, "everything merged back into one gap");
+        assert_eq!(m.reserve(0x101), None, "larger than the space");
+        assert_eq!(m.reserve(0x100), Some(0x100));
+    }
+
+    #[test]
     fn random_reserves_and_frees_keep_the_index_equal_to_a_walk() {
-        let mut m = VaMap::new(0x1000, 0x1000 + 4096 * G, G);
+        for from_top in [false, true] {
+            random_reserves_and_frees(
+                VaMap::new(0x1000, 0x1000 + 4096 * G, G).placing_from_top(from_top),
+            );
+        }
+    }
+
+    fn random_reserves_and_frees(mut m: VaMap) {
         let mut live = Vec::new();
         let mut x: u64 = 12345;
         for _ in 0..5000 {

@@ -131,6 +131,20 @@
 //! takes mostly lie together: the churn bench's and the shared traces' figures in the README).
 //! A handle already parked elsewhere is unmapped at once, as before: one parked mapping per
 //! handle.
+//!
+//! Note [Segment order]: where ours orders pages or holes of different segments (the page a
+//! pressured growth remaps first, the segment of a stream whose hole a growth takes among equal
+//! ones), it orders them by when their segment was reserved (`Segment::seq`), then by address
+//! within the segment, never by the segments' addresses: where the driver places a reservation
+//! is its own choice (a freed reservation's range may be handed out again, lower than older
+//! ones), so ordering by address made ours decide differently on a device that placed them
+//! differently, and the Sim's replay would not predict the GPU's. With reservations placed
+//! bottom up and none freed, as the Sim does by default, both orders are the same. Tests replay
+//! the several-streams workloads and the shared traces on a Sim that reserves from the top down
+//! (`SimConfig::reserve_from_top`) and require ours' figures unchanged. What still follows
+//! addresses: the best-fit index orders free ranges of equal length by address, so two equal
+//! ranges in two segments of one (stream, pool), which exist only once a segment's address
+//! space ran out, are taken lower address first (no trace or workload measured decides on it).
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
 use crate::error::BackendError;
@@ -163,8 +177,12 @@ struct HarvestList {
 }
 
 /// How `best_candidate` ranks a page: taken without a synchronization, exactly the size
-/// wanted, then the address (as is, or reversed for the lowest first).
+/// wanted, then its place (as is, or reversed for the lowest first): its segment's `seq`, then
+/// its address in the segment (Note [Segment order]).
 type HarvestKey<A> = (bool, bool, A);
+
+/// A page's place among the candidates: its segment's `seq`, then its address.
+type Place = (u64, u64);
 
 /// One chunk mapped by the growth in progress, and where its handle came from.
 struct Grown {
@@ -357,9 +375,13 @@ impl<B: Backend> State<B> {
         let key = SegmentKey::of(&va);
         let slot = self.index.slot(StreamPool { stream, pool });
         let tail = self.pieces.new_tiling(key.start(), va.len);
-        self.segments
-            .insert(key, Segment::new(va, stream, pool, slot, tail));
-        self.segments_by_slot.insert((slot, key));
+        self.segments.insert(
+            key,
+            Segment::new(va, stream, pool, slot, tail, self.next_segment_seq),
+        );
+        self.segments_by_slot
+            .insert((slot, self.next_segment_seq, key));
+        self.next_segment_seq += 1;
         self.releasable.touch(slot);
         self.stats.segment.increase(pool, 1);
         Ok(Target {
@@ -602,11 +624,11 @@ impl<B: Backend> State<B> {
         if quiet_only && list.streams.iter().all(|&s| self.needs_sync(s)) {
             return None;
         }
-        let mut seg_quiet: Option<(SegmentKey, StreamId, bool)> = None;
-        // The best by the highest address and by the lowest, chosen between at the end: which
+        let mut seg_quiet: Option<(SegmentKey, StreamId, bool, u64)> = None;
+        // The best by the highest place and by the lowest, chosen between at the end: which
         // applies depends on every candidate's stream (Note [Harvest order]).
-        let mut high: Option<(usize, HarvestKey<u64>)> = None;
-        let mut low: Option<(usize, HarvestKey<std::cmp::Reverse<u64>>)> = None;
+        let mut high: Option<(usize, HarvestKey<Place>)> = None;
+        let mut low: Option<(usize, HarvestKey<std::cmp::Reverse<Place>>)> = None;
         let mut own_only = true;
         // Which order decides is known before the pass when the lowest-first order is off, or
         // when every stream listed is the growing one (`own_only` then holds): only that
@@ -614,15 +636,17 @@ impl<B: Backend> State<B> {
         let lowest_first = self.config.harvest_lowest_first;
         let low_only = lowest_first && list.streams.iter().all(|&s| s == stream);
         for (i, (seg, c)) in list.cands.iter().enumerate() {
-            let (seg_stream, quiet) = match seg_quiet {
-                Some((s, st, q)) if s == *seg => (st, q),
+            let (seg_stream, quiet, seq) = match seg_quiet {
+                Some((s, st, q, n)) if s == *seg => (st, q, n),
                 _ => {
-                    let st = self.segments[seg].stream;
+                    let s = &self.segments[seg];
+                    let (st, n) = (s.stream, s.seq);
                     let q = !self.needs_sync(st);
-                    seg_quiet = Some((*seg, st, q));
-                    (st, q)
+                    seg_quiet = Some((*seg, st, q, n));
+                    (st, q, n)
                 }
             };
+            let place = (seq, c.at);
             own_only &= seg_stream == stream;
             if quiet_only && !(quiet && c.chunk.len <= want) {
                 continue;
@@ -630,20 +654,20 @@ impl<B: Backend> State<B> {
             let exact = c.chunk.len == want;
             // A key only grows with `quiet`: a page that would not rank first by either order
             // if it were quiet does not rank first as it is.
-            let beats_high = !low_only && high.is_none_or(|(_, k)| (true, exact, c.at) > k);
-            let beats_low =
-                lowest_first && low.is_none_or(|(_, k)| (true, exact, std::cmp::Reverse(c.at)) > k);
+            let beats_high = !low_only && high.is_none_or(|(_, k)| (true, exact, place) > k);
+            let beats_low = lowest_first
+                && low.is_none_or(|(_, k)| (true, exact, std::cmp::Reverse(place)) > k);
             if !beats_high && !beats_low {
                 continue;
             }
             // Parked only on the way to an out-of-memory, not in the headroom (Note [Parked
             // pages]).
             let quiet = quiet || (!quiet_only && self.may_park(seg_stream, stream, c));
-            let key = (quiet, exact, c.at);
+            let key = (quiet, exact, place);
             if !low_only && high.is_none_or(|(_, k)| key > k) {
                 high = Some((i, key));
             }
-            let key = (quiet, exact, std::cmp::Reverse(c.at));
+            let key = (quiet, exact, std::cmp::Reverse(place));
             if lowest_first && low.is_none_or(|(_, k)| key > k) {
                 low = Some((i, key));
             }
@@ -748,7 +772,8 @@ impl<B: Backend> State<B> {
             // chunks it would not unmap) is deferred (Note [Deferred releases]): no segment any
             // more, nothing can be allocated in it, no statistic but `stuck_bytes` counts it.
             if let Some(seg) = self.segments.remove(&target.seg) {
-                self.segments_by_slot.remove(&(seg.slot, target.seg));
+                self.segments_by_slot
+                    .remove(&(seg.slot, seg.seq, target.seg));
                 self.releasable.set(target.seg, false);
                 self.pieces.release_tiling(seg.tail);
                 self.stats.segment.decrease(seg.pool, 1);

@@ -224,7 +224,7 @@ impl<B: Backend> State<B> {
             self.backend.free_reservation(va),
         )?;
         if let Some(s) = self.segments.remove(&seg) {
-            self.segments_by_slot.remove(&(s.slot, seg));
+            self.segments_by_slot.remove(&(s.slot, s.seq, seg));
             self.releasable.set(seg, false);
             self.pieces.release_tiling(s.tail);
             self.stats.segment.decrease(s.pool, 1);

@@ -95,6 +95,10 @@ pub(crate) struct Segment {
     /// statistics read it on every call, where summing `parked` cost 800 instructions per call
     /// on the churn bench's full device.
     pub(crate) parked_bytes: usize,
+    /// Which segment of the allocator's life this is (0 for the first reserved): where two
+    /// segments are ordered for a decision, they are ordered by this, never by address (Note
+    /// [Segment order] in `growth.rs`).
+    pub(crate) seq: u64,
 }
 
 impl Segment {
@@ -105,8 +109,10 @@ impl Segment {
         pool: PoolKind,
         slot: u32,
         tail: PieceId,
+        seq: u64,
     ) -> Self {
         Self {
+            seq,
             gaps: BTreeMap::from([(va.start.get(), tail)]),
             va,
             stream,

@@ -60,9 +60,10 @@ pub(crate) struct State<B: Backend> {
     pub(crate) access: Vec<Access>,
     /// va start -> segment
     pub(crate) segments: BTreeMap<SegmentKey, Segment>,
-    /// (index slot, va start) of every segment: the segments of one (stream, pool) in address
-    /// order, so growth looks at its own and not at every stream's (issue 21).
-    pub(crate) segments_by_slot: BTreeSet<(u32, SegmentKey)>,
+    /// (index slot, `seq`, va start) of every segment: the segments of one (stream, pool) in the
+    /// order they were reserved (Note [Segment order] in `growth.rs`), so growth looks at its own
+    /// and not at every stream's (issue 21).
+    pub(crate) segments_by_slot: BTreeSet<(u32, u64, SegmentKey)>,
     /// (stream, pool) -> every free range by (len, start): the best-fit index.
     pub(crate) index: Indexes,
     /// Every segment's pieces (Note [Pieces]).
@@ -93,6 +94,8 @@ pub(crate) struct State<B: Backend> {
     /// parked until its end, when each run of adjacent ones is unmapped with one call (Note
     /// [Harvest unmap runs] in `growth.rs`). Empty between calls.
     pub(crate) harvest_unmaps: Vec<(SegmentKey, u64)>,
+    /// The `seq` the next segment reserved gets (Note [Segment order] in `growth.rs`).
+    pub(crate) next_segment_seq: u64,
     /// What the driver would not take back yet (Note [Deferred releases]): events whose
     /// release failed (tried again by the next `process_events`), new segments of rolled-back
     /// growths (tried again by `empty_cache`); all given back at teardown.
@@ -147,17 +150,18 @@ impl<B: Backend> State<B> {
             unsynced_frees: FxHashSet::default(),
             parked_handles: FxHashMap::default(),
             harvest_unmaps: Vec::new(),
+            next_segment_seq: 0,
             deferred: Deferred::default(),
             owner: crate::allocator::AllocatorId::fresh(),
         })
     }
 
-    /// The segments of index slot `slot`, in address order.
+    /// The segments of index slot `slot`, in the order they were reserved.
     pub(crate) fn segments_of_slot(&self, slot: u32) -> Vec<SegmentKey> {
-        let range = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
+        let range = (slot, 0, SegmentKey::MIN)..=(slot, u64::MAX, SegmentKey::MAX);
         self.segments_by_slot
             .range(range)
-            .map(|&(_, k)| k)
+            .map(|&(_, _, k)| k)
             .collect()
     }
 

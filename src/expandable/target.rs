@@ -78,8 +78,8 @@ impl<B: Backend> State<B> {
         let (mut around, mut over) = (Best::default(), Best::default());
         // Without `over_parked`, its search is done before it starts.
         over.done = !over_parked;
-        let all = (slot, SegmentKey::MIN)..=(slot, SegmentKey::MAX);
-        for &(_, key) in self.segments_by_slot.range(all) {
+        let all = (slot, 0, SegmentKey::MIN)..=(slot, u64::MAX, SegmentKey::MAX);
+        for &(_, _, key) in self.segments_by_slot.range(all) {
             let seg = &self.segments[&key];
             let mut stuck = seg.stuck.iter().peekable();
             let mut parked = seg.parked.iter().peekable();

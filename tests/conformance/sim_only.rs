@@ -148,6 +148,7 @@ fn config_validation_errors(_: &SimBackend) -> TestResult {
         capacity: 512 * 8,
         va_limit: 512 * 64,
         devices: 3,
+        reserve_from_top: true,
     };
     let b = sim_with(small)?;
     ensure_eq!(b.config(), small, "config of a custom Sim");

@@ -1,6 +1,7 @@
 //! The trace readers and writers (RMM CSV, native) and the built-in workloads: exact results on
 //! small inputs, errors (never panics) on bad and hostile ones, round trips, determinism and sanity.
 
+mod address_order;
 mod builtin_workloads;
 mod claims;
 mod hostile;
