@@ -94,6 +94,11 @@ pub struct ReplayOptions {
     pub settings: Option<String>,
     /// Explain the OOM moments ([`ReplayOutcome::oom_moments`]). Default true.
     pub diagnose: bool,
+    /// Place the simulated device's reservations at its highest free addresses first
+    /// ([`SimConfig::reserve_from_top`]); default false. Ours decides alike either way (Note
+    /// \[Segment order\] in the library's `expandable/growth.rs`); classic and PyTorch's
+    /// expandable policy, like PyTorch's, order blocks by address.
+    pub reserve_from_top: bool,
 }
 
 /// Replayed OOMs explained per run (the first ones; recorded failed requests always are, up to
@@ -110,6 +115,7 @@ impl Default for ReplayOptions {
             record_history: false,
             settings: None,
             diagnose: true,
+            reserve_from_top: false,
         }
     }
 }
@@ -226,6 +232,7 @@ pub fn replay_with_progress(
     let capacity = opts.capacity.next_multiple_of(2 << 20);
     let sim = SimBackend::with_config(SimConfig {
         capacity,
+        reserve_from_top: opts.reserve_from_top,
         ..SimConfig::default()
     })
     .map_err(AllocError::from)?;
