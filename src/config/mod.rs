@@ -200,6 +200,13 @@ pub struct ExpandableConfig {
     /// as each is taken (Note \[Harvest unmap runs\] in `expandable/growth.rs`). Changes no
     /// decision, only how many driver calls they take. Default on. PyTorch: one call per page.
     pub batch_unmaps: bool,
+    /// With `pressure_tail`, where a whole page would not fit in the device and the allocator
+    /// holds memory for the growing stream alone, the last handle takes everything the device
+    /// has left (at most a page) instead of only what the request needs: the next requests land
+    /// in it instead of growing again, a few MiB and three driver calls each (Note
+    /// \[Headroom\] in `expandable/growth.rs`). With other streams holding memory the rest stays
+    /// with the device, for whichever stream needs it. Default on. PyTorch: off (no tails).
+    pub tail_takes_rest: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -233,6 +240,7 @@ impl Default for ExpandableConfig {
             give_back_below_free_pages: 0.05,
             fine_pages_above: 1.0,
             batch_unmaps: true,
+            tail_takes_rest: true,
         }
     }
 }
@@ -263,6 +271,7 @@ impl ExpandableConfig {
             harvest_lowest_first: false,
             give_back_below_free_pages: 0.0,
             batch_unmaps: false,
+            tail_takes_rest: false,
             ..Self::default()
         }
     }

@@ -31,7 +31,14 @@
 //! would not fit, and everywhere else it costs a growth more (the next request finds no page
 //! tail to land in). Cutting tails from the headroom on, as this policy first did, made more
 //! driver calls at minimum capacity than PyTorch on 8 of the 23 shared traces, and saved 2 MiB
-//! of capacity summed over all of them (measured in the README's results).
+//! of capacity summed over all of them (measured in the README's results). With
+//! `tail_takes_rest`, where only the growing stream holds memory, the tail handle takes all the
+//! device has left (less than a page) rather than the request's need: exact tails there made
+//! one growth per request at the device's end (`cs336-forward-fp32-ctx128-e` at its minimum:
+//! 4, 6 and 6 MiB, three growths and six calls more than PyTorch's one 20 MiB page), and the
+//! rest could only ever go to that stream. With other streams holding memory the tail stays
+//! exact, so the rest stays free for any of them (taking it there put 5 more several-streams
+//! cases above PyTorch's policy, seeds 1–18).
 //!
 //! Note [Free holes]: a segment grows at its end when no free range holds the request, however
 //! much free memory its interior holds. On `nca2d-peso-inference` at 80 GiB, the 7012 MiB
@@ -273,8 +280,8 @@ impl<B: Backend> State<B> {
             let pressured = self.pressured(held, want);
             if self.config.pressure_tail && self.beyond_device(held, want) {
                 // Note [Headroom]: where a whole page would not fit in the device, the last
-                // handle covers only what is needed.
-                want = want.min((need_end - cursor) as usize);
+                // handle covers only what is needed, or, for a stream alone, all that is left.
+                want = want.min(self.tail_len(stream, held, (need_end - cursor) as usize));
             }
             let got = match self.acquire(want, room, exclude, held, pressured, &mut harvest) {
                 Ok(got) => got,
@@ -418,6 +425,18 @@ impl<B: Backend> State<B> {
     /// progress, would pass the device's (or the memory fraction's) limit.
     fn beyond_device(&self, held: usize, want: usize) -> bool {
         self.in_use(held).saturating_add(want) > self.limit
+    }
+
+    /// The last handle of a growth on `stream` that needs `need` more bytes where a whole page
+    /// would not fit in the device, `held` bytes already taken (Note [Headroom]): `need`, or with
+    /// `tail_takes_rest` and no other stream holding memory, all the device has left if more.
+    fn tail_len(&self, stream: StreamId, held: usize, need: usize) -> usize {
+        if !self.config.tail_takes_rest || self.segments.values().any(|s| s.stream != stream) {
+            return need;
+        }
+        let g = self.granularity;
+        let rest = self.limit.saturating_sub(self.in_use(held)) / g * g;
+        need.max(rest)
     }
 
     /// A handle of about `want` bytes (at most `room`) for the growth in progress.

@@ -281,3 +281,43 @@ fn a_small_request_under_pressure_borrows_a_free_range_of_the_large_pool() {
     assert_eq!(calls, 0, "no driver call: free ranges served them");
     assert_eq!(h, 22 * MB as u64, "nothing mapped");
 }
+
+/// Note [Headroom], `tail_takes_rest`: a stream alone at the device's end takes what is left
+/// with its first tail, and its next requests land there; with another stream holding memory
+/// each request's tail stays exact, leaving the rest to any stream. The device has 16 MiB left
+/// after two pages; the default stream then asks for 4, 6 and 6 MiB (the end of
+/// `cs336-forward-fp32-ctx128-e` at its minimum capacity).
+#[test]
+fn a_stream_alone_at_the_device_end_takes_the_rest_with_one_growth() {
+    use vmm_alloc::backend::CallKind;
+    // (growths at the end, bytes held after) on a device of `pages` 20 MiB pages + 16 MiB,
+    // where stream 9 first takes `pages - 2` of them.
+    let run = |config: ExpandableConfig, pages: usize| {
+        let a = on_device(pages * 20 * MB + 16 * MB, config);
+        let other: Vec<_> = (0..pages - 2)
+            .map(|_| a.allocate(20 * MB, StreamId::sim(9)).unwrap())
+            .collect();
+        let first = a.allocate(40 * MB, S0).unwrap();
+        let before = a.stats().calls.calls(CallKind::Create);
+        let end: Vec<_> = [4, 6, 6]
+            .iter()
+            .map(|&mb| a.allocate(mb * MB, S0).expect("the device holds them"))
+            .collect();
+        let growths = a.stats().calls.calls(CallKind::Create) - before;
+        let h = held(&a);
+        a.check_invariants().unwrap();
+        for b in end.into_iter().chain(other).chain([first]) {
+            a.deallocate(b).unwrap();
+        }
+        (growths, h)
+    };
+    let alone = run(ExpandableConfig::default(), 2);
+    assert_eq!(alone, (1, 56 * MB as u64), "one 16 MiB handle");
+    let exact = ExpandableConfig {
+        tail_takes_rest: false,
+        ..ExpandableConfig::default()
+    };
+    assert_eq!(run(exact, 2), (3, 56 * MB as u64), "4, 6 and 6 MiB");
+    let shared = run(ExpandableConfig::default(), 3);
+    assert_eq!(shared, (3, 76 * MB as u64), "another stream holds memory");
+}
