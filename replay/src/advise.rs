@@ -197,24 +197,19 @@ pub fn evaluate(
         ..ReplayOptions::default()
     };
     let at_capacity = replay(trace, candidate.policy, &opts)?;
-    // A device that holds the trace: the one asked for when it fits, else an unconstrained one.
-    let roomy_capacity = capacity.saturating_mul(4).max(1 << 40);
-    let holds = if at_capacity.ooms == 0 {
-        capacity
-    } else {
-        roomy_capacity
-    };
-    // The bisection's upper end: the run's own peak when it fits, else an unconstrained run's.
-    let upper = if at_capacity.ooms == 0 {
-        at_capacity.peak_reserved_bytes as usize
+    // A device that holds the trace (the one asked for when it fits, else an unconstrained
+    // one), and the bisection's upper end: the peak the trace reached there.
+    let (holds, upper) = if at_capacity.ooms == 0 {
+        (capacity, at_capacity.peak_reserved_bytes as usize)
     } else {
         let roomy = ReplayOptions {
-            capacity: roomy_capacity,
+            capacity: capacity.saturating_mul(4).max(1 << 40),
             timeline_points: 1,
             diagnose: false,
             ..opts.clone()
         };
-        replay(trace, candidate.policy, &roomy)?.peak_reserved_bytes as usize
+        let peak = replay(trace, candidate.policy, &roomy)?.peak_reserved_bytes as usize;
+        (roomy.capacity, peak)
     };
     let quiet = ReplayOptions {
         diagnose: false,

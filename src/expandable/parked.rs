@@ -29,7 +29,7 @@
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
 use crate::error::BackendError;
 use crate::expandable::pieces::PieceId;
-use crate::expandable::segment::{FreeChunk, SegmentKey};
+use crate::expandable::segment::{Chunk, FreeChunk, SegmentKey};
 use crate::expandable::state::State;
 use crate::mechanism::counters::track;
 use crate::units::DevAddr;
@@ -91,14 +91,7 @@ impl<B: Backend> State<B> {
     /// Unmaps the parked pages of `seg`, each run of adjacent ones with one call (each page alone
     /// if that fails). The caller knows the segment's stream is quiet.
     pub(crate) fn unpark_segment(&mut self, seg: SegmentKey) -> Result<(), BackendError> {
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for (&at, c) in &self.segments[&seg].parked {
-            let end = at + c.len as u64;
-            match runs.last_mut() {
-                Some(run) if run.1 == at => run.1 = end,
-                _ => runs.push((at, end)),
-            }
-        }
+        let runs = adjacent_runs(self.segments[&seg].parked.iter());
         self.unpark_runs(seg, runs, true)
     }
 
@@ -113,23 +106,17 @@ impl<B: Backend> State<B> {
         }
         let mut pages = std::mem::take(&mut self.harvest_unmaps);
         pages.sort_unstable();
-        let mut i = 0;
-        while i < pages.len() {
-            let seg = pages[i].0;
-            let mut runs: Vec<(u64, u64)> = Vec::new();
-            while i < pages.len() && pages[i].0 == seg {
-                let at = pages[i].1;
-                i += 1;
-                // A synchronization of its stream during the growth may have unmapped it already.
-                let Some(c) = self.segments.get(&seg).and_then(|s| s.parked.get(&at)) else {
-                    continue;
-                };
-                let end = at + c.len as u64;
-                match runs.last_mut() {
-                    Some(run) if run.1 == at => run.1 = end,
-                    _ => runs.push((at, end)),
-                }
-            }
+        for group in pages.chunk_by(|a, b| a.0 == b.0) {
+            let seg = group[0].0;
+            // A synchronization of its stream during the growth may have unmapped some already.
+            let runs = match self.segments.get(&seg) {
+                Some(s) => adjacent_runs(
+                    group
+                        .iter()
+                        .filter_map(|(_, at)| s.parked.get_key_value(at)),
+                ),
+                None => continue,
+            };
             if !runs.is_empty() {
                 let _ = self.unpark_runs(seg, runs, false);
             }
@@ -222,4 +209,18 @@ impl<B: Backend> State<B> {
         }
         Ok(())
     }
+}
+
+/// The runs of adjacent pages among `pages` (address and chunk, in address order), each as
+/// (start, end): one unmap call each.
+fn adjacent_runs<'a>(pages: impl Iterator<Item = (&'a u64, &'a Chunk)>) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for (&at, c) in pages {
+        let end = at + c.len as u64;
+        match runs.last_mut() {
+            Some(run) if run.1 == at => run.1 = end,
+            _ => runs.push((at, end)),
+        }
+    }
+    runs
 }
