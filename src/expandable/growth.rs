@@ -105,6 +105,19 @@
 //! synchronizations above it 7 → 5; on the several-streams workloads no case crosses either
 //! bar or classic's, for 0.4–0.6 % more memory summed; one stream never meets it. Fractions
 //! of 10 and 30 % save more on the servers and lose `ten-streams` cases to classic.
+//! The same measure over every stream comes first (`give_back_below_all_free_pages`, 15 %):
+//! when the whole free pages of all streams together are fewer than 15 % of the memory mapped,
+//! the device is a mosaic wherever a growth would look, and it gives back rather than
+//! synchronizing any other stream. Logged at the synchronizations the per-stream rule let
+//! through (Sim, each case at ours' minimum capacity), that share lies at 3–27 % on the
+//! servers (quartiles over `inference-server` seeds 2, 8, 9 and `inference-server-4` 1, 8)
+//! and 43–79 % on the several-streams workloads (`multi-stream` 1, 3, `ten-streams` 1, 4,
+//! `two-streams` 2), where the per-stream share overlaps more (7–77 % against 60–99 %).
+//! Measured over seeds 1–18 (Sim, min capacity, against PyTorch's policy): servers 17 of 36
+//! cases above it → 13 (the largest excess 92 → 68 MiB), synchronizations above it 17 → 7,
+//! 464 MiB less summed; several streams 3 of 54 above it, 6 above classic and 8 → 7 with more
+//! synchronizations, 46 MiB more summed (0.05 %). At 10 % the servers gain less, at 20–30 % the
+//! several-streams cases lose to classic (7 at 30 %, seeds 1–12, against 4).
 //!
 //! Note [Fine pages] (`fine_pages_above`, off by default): a large-pool growth that takes the
 //! allocator's physical memory above that fraction of its limit maps 2 MiB pages (the
@@ -555,12 +568,21 @@ impl<B: Backend> State<B> {
 
     /// Whether a growth that could go on only by synchronizing `stream` (another stream) gives
     /// every free page back instead (Note [Give back before foreign sync]): always with
-    /// `give_back_before_foreign_sync`, else when `stream`'s whole free pages (`cands` lists
-    /// them) are fewer than `give_back_below_free_pages` of its mapped memory. Asked only before
-    /// a synchronization, so its walks cost nothing beside it.
+    /// `give_back_before_foreign_sync`, else when every stream's whole free pages (`cands` lists
+    /// them) are fewer than `give_back_below_all_free_pages` of the memory mapped, or `stream`'s
+    /// fewer than `give_back_below_free_pages` of its own. Asked only before a synchronization,
+    /// so its walks cost nothing beside it.
     fn gives_back_before(&self, stream: StreamId, cands: &[(SegmentKey, FreeChunk)]) -> bool {
         if self.config.give_back_before_foreign_sync {
             return true;
+        }
+        let overall = self.config.give_back_below_all_free_pages;
+        if overall > 0.0 {
+            let free: usize = cands.iter().map(|(_, c)| c.chunk.len).sum();
+            let mapped: usize = self.segments.values().map(|s| s.mapped_bytes).sum();
+            if (free as f64) < overall * mapped as f64 {
+                return true;
+            }
         }
         let fraction = self.config.give_back_below_free_pages;
         if fraction <= 0.0 {

@@ -109,28 +109,54 @@ fn mosaic(config: ExpandableConfig, freed: &[usize]) -> MemoryStats {
     page_request(other_stream_frees(config, 24, freed)).0
 }
 
+/// The per-stream rule alone (the rule over every stream off).
+fn per_stream_only() -> ExpandableConfig {
+    ExpandableConfig {
+        give_back_below_all_free_pages: 0.0,
+        ..ExpandableConfig::default()
+    }
+}
+
 /// One whole free page of 24 mapped (4 %) is not worth a synchronization of the stream that
 /// holds it: every free page is given back and the request retried (PyTorch's last resort);
 /// two of 24 (8 %), or the setting at 0, and the page is remapped after the synchronization.
 #[test]
 fn a_stream_with_few_whole_free_pages_is_given_back_instead_of_synchronized_for_them() {
-    let few = mosaic(ExpandableConfig::default(), &[1]);
+    let few = mosaic(per_stream_only(), &[1]);
     assert_eq!(few.num_alloc_retries, 1, "given back and retried");
     assert_eq!(few.remapped_bytes, 0);
     assert_eq!(few.num_ooms, 0);
     assert_eq!(few.calls.calls(CallKind::Synchronize), 1);
-    let more = mosaic(ExpandableConfig::default(), &[1, 6]);
+    let more = mosaic(per_stream_only(), &[1, 6]);
     assert_eq!(more.num_alloc_retries, 0, "8 % free: remapped");
     assert_eq!(more.remapped_bytes, 20 * MB as u64);
     assert_eq!(more.calls.calls(CallKind::Synchronize), 1);
     let off = mosaic(
         ExpandableConfig {
             give_back_below_free_pages: 0.0,
-            ..ExpandableConfig::default()
+            ..per_stream_only()
         },
         &[1],
     );
     assert_eq!(off.num_alloc_retries, 0, "off: remapped");
     assert_eq!(off.remapped_bytes, 20 * MB as u64);
     assert_eq!(off.num_ooms, 0);
+}
+
+/// The default `give_back_below_all_free_pages` (15 %) judges the whole device: two whole free
+/// pages of the 25 mapped (8 %), enough for the per-stream rule, are a mosaic across the
+/// device, so every free page is given back instead of synchronizing stream 9 for one of
+/// them; four of 25 (16 %) are worth the synchronization and the page is remapped.
+#[test]
+fn a_device_with_few_whole_free_pages_overall_is_given_back_instead_of_synchronized() {
+    let two = mosaic(ExpandableConfig::default(), &[1, 6]);
+    assert_eq!(two.num_alloc_retries, 1, "8 % of the device: given back");
+    assert_eq!(two.remapped_bytes, 0);
+    assert_eq!(two.num_ooms, 0);
+    assert_eq!(two.calls.calls(CallKind::Synchronize), 1);
+    let four = mosaic(ExpandableConfig::default(), &[1, 6, 11, 16]);
+    assert_eq!(four.num_alloc_retries, 0, "16 % of the device: remapped");
+    assert_eq!(four.remapped_bytes, 20 * MB as u64);
+    assert_eq!(four.calls.calls(CallKind::Synchronize), 1);
+    assert_eq!(four.num_ooms, 0);
 }
