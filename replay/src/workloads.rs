@@ -151,7 +151,7 @@ pub const PROGRAMS: [&str; 3] = ["empty-cache-training", "qlora", "unet3d-traini
 /// Inference servers ([`inference_server`]): requests on 10 (`inference-server`) or 4
 /// (`inference-server-4`) streams at once, each growing its own KV cache. Programs too, listed
 /// apart because ours does not yet fit every one in as little as PyTorch's expandable policy
-/// (README, Results, "Inference servers").
+/// (POLICY.md, "Inference servers").
 pub const SERVERS: [&str; 2] = ["inference-server", "inference-server-4"];
 
 /// The workload called `name` (one of [`NAMES`], [`MECHANISMS`], [`PROGRAMS`] or [`SERVERS`])

@@ -167,7 +167,7 @@ pub struct ExpandableConfig {
     /// whose streams each hold a mosaic of slowly growing tensors (an inference server with a
     /// stream per client, each request growing its own KV cache): on the generated
     /// `inference-server` workloads it needs less than PyTorch's policy summed and never
-    /// synchronizes more; on streams of large transient blocks it needs more (README, Results,
+    /// synchronizes more; on streams of large transient blocks it needs more (POLICY.md,
     /// "Inference servers"). `vmm-replay advise` tries it on every trace with several streams.
     /// Default off. PyTorch: gives every free page back whenever it runs out.
     pub give_back_before_foreign_sync: bool,
@@ -203,8 +203,8 @@ pub struct ExpandableConfig {
     /// remapped piecewise under pressure (Note \[Fine pages\] in `expandable/growth.rs`).
     /// In \[0, 1\]; 1 (the default) turns it off. At 0.75, on the generated several-streams
     /// workloads ours then never needs more than PyTorch's policy and the shared traces need
-    /// 0.14 GiB less summed, at about twice PyTorch's driver calls at minimum capacity (README,
-    /// Results, "Finer pages near the device's end"). PyTorch: off.
+    /// 0.14 GiB less summed, at about twice PyTorch's driver calls at minimum capacity (POLICY.md,
+    /// "Finer pages near the device's end"). PyTorch: off.
     pub fine_pages_above: f64,
     /// Gives adjacent free pages back to the device with one `cuMemUnmap` over all of them (one
     /// call may span many whole mappings; the H100 and H200 accept it) instead of one call per

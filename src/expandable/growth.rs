@@ -125,7 +125,7 @@
 //! the free bytes of a 20 MiB page that also holds a live block are lost to every request that
 //! does not fit in them; with fine pages, the memory mapped near the device's end can be taken
 //! back 2 MiB at a time. The pages below the fraction stay large, so a program that never comes
-//! near its device's end makes the calls it made before. Measured at 0.75 (README, Results,
+//! near its device's end makes the calls it made before. Measured at 0.75 (POLICY.md,
 //! "Finer pages near the device's end"): no several-streams case needs more than PyTorch's
 //! policy (4 of 48 with the defaults), the shared traces 290.27 GiB summed instead of 290.41,
 //! but about twice PyTorch's driver calls at minimum capacity, so a setting, not the default.
@@ -514,7 +514,7 @@ impl<B: Backend> State<B> {
     /// address. False if none exists. On one stream the first key never decides (the shared
     /// traces' figures did not move); on the `multi-stream` workload (4 streams) it took ours
     /// from more synchronizations than PyTorch's policy at minimum capacity on 5 of seeds 1–6
-    /// to 2 (figures: README, Results, "Several streams").
+    /// to 2 (figures: POLICY.md, "Several streams").
     ///
     /// Note [Harvest list]: the fully-free chunks are listed once per growth, on its first
     /// harvest, not once per page harvested (listing sorts every segment's free ranges, which

@@ -18,7 +18,7 @@
 //! 6778 MiB instead of 6816 (classic 6772, pytorch-expandable 6824) with 1,024 driver calls
 //! instead of 1,029; no other trace, generated several-streams workload or churn run changes.
 //! Remembering more than the last free, or reusing a freed block whose range had merged, moved
-//! other traces the wrong way (README, Results, "Reuse of the last free").
+//! other traces the wrong way (POLICY.md, "Reuse of the last free").
 
 use crate::backend::Backend;
 use crate::expandable::pieces::{Kind, PieceId};

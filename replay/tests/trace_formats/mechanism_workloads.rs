@@ -97,7 +97,7 @@ fn small_after_large_needs_less_capacity_with_borrowing() {
 /// Several streams on one device (`multi-stream`: 4 streams, 3,000 layers; `ten-streams`: 10): at the smallest
 /// device pytorch-expandable fits on, ours fits too, with fewer driver calls, and its own
 /// minimum is smaller. (Stream synchronizations are printed, not asserted: ours makes fewer on
-/// seeds 1 and 2 and 588 vs 577 on seed 3 — README, "Several streams".) Under pressure ours remaps free pages of
+/// seeds 1 and 2 and 588 vs 577 on seed 3 — POLICY.md, "Several streams".) Under pressure ours remaps free pages of
 /// other streams one at a time, preferring those whose stream needs no synchronization (Note
 /// [Remap] in vmm-alloc's `expandable/growth.rs`); PyTorch's policy gives back every free page
 /// of every stream, synchronizing each, and creates new ones.
@@ -148,7 +148,7 @@ fn multi_stream_fits_where_pytorch_expandable_does_with_fewer_driver_calls() {
 /// 256 MiB (RMM's `random_allocations` shape, the churn bench's) leave segments with holes; a
 /// growth that takes the smallest span that holds it keeps the large ones for large requests,
 /// and fewer requests fail than when it takes the lowest address (PyTorch's rule). 30,000
-/// operations, seeds 1-3: 354 / 356 / 327 failed against 391 / 393 / 377 (README, Results,
+/// operations, seeds 1-3: 354 / 356 / 327 failed against 391 / 393 / 377 (POLICY.md,
 /// "Best-fit growth"). Shorter runs are too few failures to separate them on every seed: at
 /// 10,000 operations seed 3 fails 119 against 117 since the harvest order took the lowest
 /// pages first (Note [Harvest order]), 111 / 122 / 119 against 169 / 131 / 126 before.

@@ -60,7 +60,7 @@ fn program_workloads_are_sane_and_deterministic() {
     assert_eq!(empties(&t), 30, "one empty_cache() per step");
 }
 
-/// Min capacity per allocator on seeds 1-3 of each program workload (Sim; README, Results,
+/// Min capacity per allocator on seeds 1-3 of each program workload (Sim; POLICY.md,
 /// "Programs of other kinds"): ours needs less than classic and no more than
 /// pytorch-expandable on every one, with no more driver calls and stream synchronizations than
 /// pytorch-expandable at each one's minimum. `qlora` seed 2 needed 38 MiB more than pytorch-expandable before the harvest
@@ -99,7 +99,7 @@ fn program_workloads_fit_in_less_than_classic_and_as_little_as_pytorch_expandabl
 
 /// The inference servers (seeds 1-2 of 10 and 4 streams): each stream's requests really run on
 /// it, and ours needs less than classic with fewer driver calls than pytorch-expandable at each
-/// one's minimum. What does not hold yet, and is shown in the README (Results, "Inference
+/// one's minimum. What does not hold yet, and is shown in POLICY.md ("Inference
 /// servers") rather than asserted: on seeds 1-6 of both, ours needs more than
 /// pytorch-expandable on 4 of 12 (by up to 46 MiB) and synchronizes more on 8.
 #[test]
