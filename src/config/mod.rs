@@ -355,29 +355,22 @@ impl ExpandableConfig {
         if !(self.va_factor.is_finite() && self.va_factor >= 1.0 && self.va_factor <= 64.0) {
             return bad(format!("va_factor {} must be in [1, 64]", self.va_factor));
         }
-        if !(0.0..=1.0).contains(&self.headroom_fraction) {
-            return bad(format!(
-                "headroom_fraction {} must be in [0, 1]",
-                self.headroom_fraction
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.give_back_below_free_pages) {
-            return bad(format!(
-                "give_back_below_free_pages {} must be in [0, 1]",
-                self.give_back_below_free_pages
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.give_back_below_all_free_pages) {
-            return bad(format!(
-                "give_back_below_all_free_pages {} must be in [0, 1]",
-                self.give_back_below_all_free_pages
-            ));
-        }
-        if !(0.0..=1.0).contains(&self.fine_pages_above) {
-            return bad(format!(
-                "fine_pages_above {} must be in [0, 1]",
-                self.fine_pages_above
-            ));
+        // Our own fractions (PyTorch's `per_process_memory_fraction` keeps its message below).
+        for (name, value) in [
+            ("headroom_fraction", self.headroom_fraction),
+            (
+                "give_back_below_free_pages",
+                self.give_back_below_free_pages,
+            ),
+            (
+                "give_back_below_all_free_pages",
+                self.give_back_below_all_free_pages,
+            ),
+            ("fine_pages_above", self.fine_pages_above),
+        ] {
+            if !(0.0..=1.0).contains(&value) {
+                return bad(format!("{name} {value} must be in [0, 1]"));
+            }
         }
         if !(0.0..=1.0).contains(&self.memory_fraction) {
             return bad("per_process_memory_fraction is invalid, set it in [0.0, 1.0]".into());

@@ -579,7 +579,8 @@ impl<B: Backend> State<B> {
         let overall = self.config.give_back_below_all_free_pages;
         if overall > 0.0 {
             let free: usize = cands.iter().map(|(_, c)| c.chunk.len).sum();
-            let mapped: usize = self.segments.values().map(|s| s.mapped_bytes).sum();
+            // Every segment's mapped bytes: what `check` holds `reserved_bytes` to.
+            let mapped = self.stats.reserved_bytes.all.current;
             if (free as f64) < overall * mapped as f64 {
                 return true;
             }
