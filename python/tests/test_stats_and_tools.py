@@ -1,5 +1,8 @@
 """Statistics, the torch patch, snapshots, traces, sleep/wake and configuration errors."""
 import pickle
+from pathlib import Path
+
+FAKE_CUPY = Path(__file__).resolve().parent / "fake_cupy"
 
 
 def test_patched_torch_stats_report_ours_and_the_summary_has_pytorchs_layout(run):
@@ -100,3 +103,26 @@ def test_pytorch_conf_applies(run):
         print(vmm_alloc.config()['large_page'])
     """, conf="expandable_segments:True,large_segment_size_mb:64")
     assert p.stdout.strip() == str(64 << 20)
+
+
+def test_cupy_allocations_come_from_us_and_are_freed_when_cupy_drops_them(run):
+    # The fake CuPy's UnownedMemory takes no weak references, as the real one: the allocation
+    # must be freed through the owner it keeps alive (a weakref.finalize on it raised TypeError
+    # on the H200, 2026-11-27).
+    fake_cupy = str(FAKE_CUPY)
+    p = run(f"""
+        import gc, sys
+        sys.path.insert(0, {fake_cupy!r})
+        import cupy
+        assert cupy.FAKE
+        vmm_alloc.use_with_cupy()
+        a = cupy.arange(1 << 17)
+        print('during', vmm_alloc.memory_allocated(0), sum(a.view()))
+        del a
+        gc.collect()
+        print('after', vmm_alloc.memory_allocated(0))
+    """)
+    lines = dict(l.split(' ', 1) for l in p.stdout.splitlines())
+    n = 1 << 17
+    assert lines["during"] == f"{8 * n} {float(n * (n - 1) // 2)}"
+    assert lines["after"] == "0"

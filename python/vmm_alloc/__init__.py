@@ -259,6 +259,21 @@ def wake(tag=None, device=None):
     _lib.check(_lib.lib().vmm_alloc_wake(_device_index(device), _lib.encode(tag)))
 
 
+class _CupyAllocation:
+    """One of our allocations lent to CuPy. CuPy's `UnownedMemory` keeps its `owner` alive for as
+    long as CuPy uses the memory and takes no weak references, so the owner frees it on collection."""
+
+    __slots__ = ("ptr", "size", "device")
+
+    def __init__(self, ptr, size, device):
+        self.ptr, self.size, self.device = ptr, size, device
+
+    def __del__(self):
+        if self.ptr:
+            _lib.lib().vmm_alloc_free(self.ptr, self.size, self.device, None)
+            self.ptr = 0
+
+
 def cupy_malloc(size):
     """A CuPy allocator function: `cupy.cuda.set_allocator(vmm_alloc.cupy_malloc)`."""
     import cupy
@@ -268,14 +283,8 @@ def cupy_malloc(size):
     ptr = _lib.lib().vmm_alloc_malloc_nothrow(size, device, stream)
     if size and not ptr:
         raise OutOfMemoryError(_lib.last_error())
-
-    def release(p=ptr, d=device):
-        _lib.lib().vmm_alloc_free(p, size, d, None)
-
-    mem = cupy.cuda.UnownedMemory(ptr or 0, size, owner=None, device_id=device)
-    import weakref
-
-    weakref.finalize(mem, release)
+    owner = _CupyAllocation(ptr or 0, size, device)
+    mem = cupy.cuda.UnownedMemory(ptr or 0, size, owner, device_id=device)
     return cupy.cuda.MemoryPointer(mem, 0)
 
 
