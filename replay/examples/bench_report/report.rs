@@ -178,8 +178,8 @@ expandable policies use for large blocks (1 GiB is 52 of them, 8 GiB 410). Flat 
     }
     out.push_str(
         "Each expandable growth also makes one `cuMemAddressReserve`; each release one \
-`cuMemAddressFree` and one `cuStreamSynchronize`, with one `cuMemUnmap` per page and one \
-`cuMemRelease` per page except with the warm cache, which releases none. Classic makes one \
+`cuMemAddressFree` and one `cuStreamSynchronize`, with one `cuMemUnmap` per run of adjacent \
+pages (ours: one for the whole segment; PyTorch's policy: one per page) and one `cuMemRelease` per page except with the warm cache, which releases none. Classic makes one \
 reserve + create + map + access per 64 MiB request (its own segment) and frees each on release. \
 Expandable sets access once per allocation rather than once per page, which is how it can beat \
 the raw loop. On Host a `cuMemCreate` only hands out a range of the memfd, so the warm cache \
