@@ -33,6 +33,10 @@ pub struct OomReport {
     pub allocated: u64,
     /// Bytes mapped (or held as cached handles) but not allocated.
     pub reserved_unallocated: u64,
+    /// Whether the process's virtual address space, not the device's memory, ran out: the driver
+    /// refused to reserve addresses even for the request alone (Note [Address space budget] in
+    /// `expandable/growth.rs`).
+    pub address_space_exhausted: bool,
 }
 
 /// An allocator call failed. The allocator's state is unchanged by the failed call.
@@ -41,10 +45,11 @@ pub struct OomReport {
 pub enum AllocError {
     /// Not enough device memory even after freeing every cached byte. Free allocations, or
     /// lower the batch size, and retry.
-    #[error("CUDA out of memory. Tried to allocate {tried}. GPU {device} has a total capacity of {total} of which {free} is free. {allowed}Of the allocated memory {allocated} is allocated by vmm-alloc, and {unalloc} is reserved by vmm-alloc but unallocated.",
+    #[error("CUDA out of memory. Tried to allocate {tried}. GPU {device} has a total capacity of {total} of which {free} is free. {allowed}Of the allocated memory {allocated} is allocated by vmm-alloc, and {unalloc} is reserved by vmm-alloc but unallocated.{va}",
         tried = format_size(.0.tried), device = .0.device, total = format_size(.0.total), free = format_size(.0.free),
         allowed = .0.allowed.map(|a| format!("This process is allowed {} (per_process_memory_fraction). ", format_size(a))).unwrap_or_default(),
-        allocated = format_size(.0.allocated), unalloc = format_size(.0.reserved_unallocated))]
+        allocated = format_size(.0.allocated), unalloc = format_size(.0.reserved_unallocated),
+        va = if .0.address_space_exhausted { " The process's virtual address space ran out, not the device's memory: the driver refused to reserve addresses for the request alone. Free memory this process holds on other streams or devices (empty_cache), or use fewer streams or devices in one process." } else { "" })]
     OutOfMemory(Box<OomReport>),
     /// A request larger than 1 EB, PyTorch's sanity bound; always a caller bug.
     #[error("CUDA out of memory. Tried to allocate more than 1EB memory.")]

@@ -359,6 +359,7 @@ impl<B: Backend> State<B> {
             self.device_total,
             allowed,
             held,
+            false,
         )
     }
 }

@@ -221,6 +221,11 @@ pub struct ExpandableConfig {
     /// \[Headroom\] in `expandable/growth.rs`). With other streams holding memory the rest stays
     /// with the device, for whichever stream needs it. Default on. PyTorch: off (no tails).
     pub tail_takes_rest: bool,
+    /// Where the driver refuses a new segment's `va_factor ×` device memory of addresses (the
+    /// process's address space is short: many streams × devices), reserve the request alone
+    /// instead of failing it (Note \[Address space budget\] in `expandable/growth.rs`). Default
+    /// on. PyTorch: off (the request fails as out of memory).
+    pub va_fallback: bool,
 }
 
 impl Default for ExpandableConfig {
@@ -256,6 +261,7 @@ impl Default for ExpandableConfig {
             fine_pages_above: 1.0,
             batch_unmaps: true,
             tail_takes_rest: true,
+            va_fallback: true,
         }
     }
 }
@@ -264,7 +270,7 @@ impl ExpandableConfig {
     /// PyTorch's expandable-segments policy, for side-by-side measurement: 2 MiB small pages,
     /// 20 MiB large pages, no handle reuse (every unmap releases, every map creates), no remap
     /// (under pressure unmap every free page, then retry), a stream synchronization before every
-    /// unmap, VA = 1.125 × device memory, pages of the pool's size under pressure too, no
+    /// unmap, VA = 1.125 × device memory (a request fails where the driver refuses it), pages of the pool's size under pressure too, no
     /// headroom (growth takes the device's last free bytes before anything is unmapped), pools
     /// that never lend each other free ranges, and the oversize rules of `max_split_size`
     /// applied to expandable blocks.
@@ -288,6 +294,7 @@ impl ExpandableConfig {
             give_back_below_all_free_pages: 0.0,
             batch_unmaps: false,
             tail_takes_rest: false,
+            va_fallback: false,
             ..Self::default()
         }
     }

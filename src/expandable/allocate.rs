@@ -27,7 +27,7 @@ impl<B: Backend> State<B> {
         } = Request::new(size, &self.config.roundup_power2_divisions)?;
         if never_fits(rounded, self.limit) {
             self.stats.num_ooms += 1;
-            return Err(self.oom_report(rounded));
+            return Err(self.oom_report(rounded, false));
         }
         // Without sync only queries run, and a failing query just leaves its block pending.
         let _ = self.process_events(false);
@@ -158,6 +158,7 @@ impl<B: Backend> State<B> {
         pool: PoolKind,
         rounded: usize,
     ) -> Result<(u32, PieceId), AllocError> {
+        self.va_exhausted = false;
         match self.grow(stream, pool, rounded) {
             Ok(at) => return Ok(at),
             Err(GrowFail::Backend(e)) => return Err(e.into()),
@@ -175,12 +176,12 @@ impl<B: Backend> State<B> {
             Err(GrowFail::Backend(e)) => Err(e.into()),
             Err(GrowFail::OutOfMemory) => {
                 self.stats.num_ooms += 1;
-                Err(self.oom_report(rounded))
+                Err(self.oom_report(rounded, self.va_exhausted))
             }
         }
     }
 
-    fn oom_report(&mut self, tried: usize) -> AllocError {
+    fn oom_report(&mut self, tried: usize, address_space_exhausted: bool) -> AllocError {
         let held = self.stats.reserved_bytes.all.current + self.cache.bytes() as u64;
         let allowed = (self.config.memory_fraction < 1.0).then_some(self.limit);
         oom_report(
@@ -190,6 +191,7 @@ impl<B: Backend> State<B> {
             self.device_total,
             allowed,
             held,
+            address_space_exhausted,
         )
     }
 }

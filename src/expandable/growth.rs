@@ -152,6 +152,21 @@
 //! A handle already parked elsewhere is unmapped at once, as before: one parked mapping per
 //! handle.
 //!
+//! Note [Address space budget] (`va_fallback`, default on; PyTorch's preset off): a segment reserves `va_factor` (1.125) × the device's memory
+//! of virtual addresses, as PyTorch's does, so that pages unmapped early in it can be mapped
+//! again at its end. The process's address space is shared by every segment of every (stream,
+//! pool) and device (128 TiB on x86-64: about 830 segments of an H200's), and PyTorch's
+//! expandable segments fail a request for want of it while the device is nearly empty (its PR
+//! #192269: GPUs × streams × 1.125; reliability bug 15). Where the reservation is refused, ours
+//! reserves the request alone, in pages: that segment fills at once and the stream's next
+//! growth reserves another, so while addresses are short each reservation is about what it
+//! maps (classic's way) and no stream starves the next. Halving the length until the driver
+//! accepts (measured: 6 streams on an 8 GiB device with 24 GiB of addresses) gave each new
+//! stream half of what was left, so the sixth got its request alone and its next growth failed.
+//! Only when the request alone is refused does it fail, and its out-of-memory message says that
+//! the address space, not the device's memory, ran out. A refused reservation is a driver call
+//! (counted, and failed).
+//!
 //! Note [Segment order]: where ours orders pages or holes of different segments (the page a
 //! pressured growth remaps first, the segment of a stream whose hole a growth takes among equal
 //! ones), it orders them by when their segment was reserved (`Segment::seq`), then by address
@@ -375,7 +390,8 @@ impl<B: Backend> State<B> {
         Ok(target)
     }
 
-    /// Reserves a new segment: `va_factor ×` device memory, at least the request, in pages.
+    /// Reserves a new segment: `va_factor ×` device memory, at least the request, in pages;
+    /// less where the address space is short (Note [Address space budget]).
     fn new_segment(
         &mut self,
         stream: StreamId,
@@ -383,15 +399,30 @@ impl<B: Backend> State<B> {
         rounded: usize,
         page: usize,
     ) -> Result<Target, GrowFail> {
-        let va_len = ((self.device_total as f64 * self.config.va_factor) as usize)
-            .max(rounded)
+        let least = rounded
             .checked_next_multiple_of(page)
             .ok_or(GrowFail::OutOfMemory)?;
-        let va = track(
-            &mut self.stats,
-            CallKind::Reserve,
-            self.backend.reserve(va_len),
-        )?;
+        let mut va_len = ((self.device_total as f64 * self.config.va_factor) as usize)
+            .checked_next_multiple_of(page)
+            .ok_or(GrowFail::OutOfMemory)?
+            .max(least);
+        let va = loop {
+            match track(
+                &mut self.stats,
+                CallKind::Reserve,
+                self.backend.reserve(va_len),
+            ) {
+                Ok(va) => break va,
+                Err(e) if self.config.va_fallback && e.is_out_of_memory() && va_len > least => {
+                    va_len = least
+                }
+                Err(e) => {
+                    self.va_exhausted = e.is_out_of_memory();
+                    return Err(e.into());
+                }
+            }
+        };
+        let va_len = va.len;
         let key = SegmentKey::of(&va);
         let slot = self.index.slot(StreamPool { stream, pool });
         let tail = self.pieces.new_tiling(key.start(), va.len);

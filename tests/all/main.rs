@@ -21,3 +21,4 @@ mod pytorch_parity;
 mod pytorch_rounding;
 mod scaling_regressions;
 mod unmap_runs;
+mod va_budget;

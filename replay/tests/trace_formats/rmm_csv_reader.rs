@@ -160,3 +160,34 @@ fn csv_file_variant_names_the_trace_and_the_file() {
     std::fs::remove_file(&path).unwrap();
     assert!(message(read_rmm_csv_file(&path)).contains("cannot read"));
 }
+
+/// Reliability bug 15 (PyTorch PR #192269): an RMM log of 4,000 streams, each holding 4 KiB at
+/// once, on the default 80 GiB Sim (256 TiB of addresses). Each stream needs a segment of its
+/// own, and PyTorch's expandable policy reserves 90 GiB of addresses for each: from about the
+/// 2,900th stream on, its requests fail with the device nearly empty. Ours reserves the request
+/// alone once addresses are short (Note [Address space budget]) and serves every one.
+#[test]
+fn an_rmm_log_of_thousands_of_streams_outlasts_the_address_space_only_through_ours() {
+    use vmm_replay::replay::{replay, Policy, ReplayOptions};
+    const STREAMS: u64 = 4_000;
+    let mut text = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
+    for action in ["allocate", "free"] {
+        for i in 0..STREAMS {
+            text += &format!("1,t,{action},{:#x},4096,{}\n", 0x10000 + i * 4096, i + 1);
+        }
+    }
+    let trace = parse_rmm_csv(&text, "streams").unwrap().trace;
+    let opts = ReplayOptions::default();
+    let ours = replay(&trace, Policy::Expandable, &opts).unwrap();
+    let theirs = replay(&trace, Policy::PytorchExpandable, &opts).unwrap();
+    assert_eq!(ours.ooms, 0, "every stream's 4 KiB is served");
+    assert!(
+        theirs.ooms > 500,
+        "PyTorch's policy runs out of addresses first: {} OOMs",
+        theirs.ooms
+    );
+    assert!(
+        theirs.peak_reserved_bytes < 16 << 30,
+        "with the device nearly empty"
+    );
+}
