@@ -19,7 +19,10 @@ pub struct SimConfig {
     pub granularity: usize,
     /// Physical memory, a multiple of the granularity. Default 80 GiB.
     pub capacity: usize,
-    /// Virtual address space available to reservations. Default 256 TiB.
+    /// Virtual address space available to reservations. Default 128 TiB: what an x86-64 process
+    /// has for CUDA's reservations (47-bit user addresses; PyTorch's expandable segments ran out
+    /// at about 127.5 TiB reserved, `../shared/reference/reliability-tests.md`, bug 15), so that
+    /// a replay of many streams runs out where a device would.
     pub va_limit: u64,
     /// Devices an access list may name (the own device is 0). Default 1.
     pub devices: u32,
@@ -35,7 +38,7 @@ impl Default for SimConfig {
         Self {
             granularity: 2 << 20,
             capacity: 80 << 30,
-            va_limit: 256 << 40,
+            va_limit: 128 << 40,
             devices: 1,
             reserve_from_top: false,
         }

@@ -28,7 +28,7 @@ fn defaults_are_an_h100(b: &SimBackend) -> TestResult {
     let d = SimConfig::default();
     ensure_eq!(
         (d.granularity, d.capacity, d.va_limit, d.devices),
-        (2usize << 20, 80usize << 30, 256u64 << 40, 1u32),
+        (2usize << 20, 80usize << 30, 128u64 << 40, 1u32),
         "SimConfig::default() (granularity, capacity, va_limit, devices)"
     );
     ensure_eq!(b.config(), d, "config of SimBackend::new()");

@@ -162,9 +162,9 @@ fn csv_file_variant_names_the_trace_and_the_file() {
 }
 
 /// Reliability bug 15 (PyTorch PR #192269): an RMM log of 4,000 streams, each holding 4 KiB at
-/// once, on the default 80 GiB Sim (256 TiB of addresses). Each stream needs a segment of its
+/// once, on the default 80 GiB Sim (128 TiB of addresses). Each stream needs a segment of its
 /// own, and PyTorch's expandable policy reserves 90 GiB of addresses for each: from about the
-/// 2,900th stream on, its requests fail with the device nearly empty. Ours reserves the request
+/// 1,450th stream on, its requests fail with the device nearly empty. Ours reserves the request
 /// alone once addresses are short (Note [Address space budget]) and serves every one.
 #[test]
 fn an_rmm_log_of_thousands_of_streams_outlasts_the_address_space_only_through_ours() {
@@ -182,7 +182,7 @@ fn an_rmm_log_of_thousands_of_streams_outlasts_the_address_space_only_through_ou
     let theirs = replay(&trace, Policy::PytorchExpandable, &opts).unwrap();
     assert_eq!(ours.ooms, 0, "every stream's 4 KiB is served");
     assert!(
-        theirs.ooms > 500,
+        theirs.ooms > 2_000,
         "PyTorch's policy runs out of addresses first: {} OOMs",
         theirs.ooms
     );
