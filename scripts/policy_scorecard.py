@@ -13,7 +13,8 @@ cases, min capacity summed (and pytorch-expandable's), on how many cases ours ne
 pytorch-expandable (and the largest excess), more than classic, more stream synchronizations
 and more driver calls at min capacity than pytorch-expandable, and on how many cases the
 physical bytes created at min capacity exceed 1.1 x the peak reserved there (pytorch-expandable's
-count in parentheses). Issue 19's goals 1 and 3 ask for zero in the last five columns.
+count in parentheses). Issue 19's goals 1 and 3 ask for zero in the last five columns. With
+--cases, one line per case follows the table (what a change moved, case by case).
 
 Groups: shared, servers (inference-server, inference-server-4), streams (multi-stream,
 two-streams, ten-streams), programs (qlora, unet3d-training, empty-cache-training).
@@ -68,7 +69,7 @@ def replay(binary, inputs, variants):
         if len(ours) != len(variants):
             sys.exit(f"{t['trace']}: {len(ours)} runs of ours for {len(variants)} variants")
         cases.append((figures(by["classic"]), figures(by["pytorch-expandable"]),
-                      [figures(a) for a in ours]))
+                      [figures(a) for a in ours], t["trace"]))
     return cases
 
 
@@ -80,6 +81,11 @@ def main():
                    help="seeds of the generated workloads (default 1-12)")
     p.add_argument("--groups", nargs="+", default=["shared", *GROUPS],
                    choices=["shared", *GROUPS])
+    p.add_argument("--cases", action="store_true",
+                   help="also print one line per case: classic's and pytorch-expandable's min "
+                        "capacity (MiB), then each variant's, with its synchronizations (s), "
+                        "driver calls (c) and bytes created over peak reserved (x) at min "
+                        "capacity; * marks more than pytorch-expandable")
     args = p.parse_args()
     variants = ["", *args.variant]
     subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "vmm-replay"],
@@ -104,7 +110,7 @@ def main():
     for group in dict.fromkeys(g for g, _ in jobs):
         cases = [c for (g, _), r in zip(jobs, results) if g == group for c in r]
         for i, v in enumerate(variants):
-            ours = [(cl, pt, o[i]) for cl, pt, o in cases]
+            ours = [(cl, pt, o[i]) for cl, pt, o, _ in cases]
             excess = [o[0] - pt[0] for _, pt, o in ours if o[0] > pt[0]]
             row = [
                 group, f"`{v}`" if v else "defaults", str(len(ours)),
@@ -116,6 +122,13 @@ def main():
                 f"{sum(o[3] > 1.1 for _, _, o in ours)} ({sum(pt[3] > 1.1 for _, pt, _ in ours)})",
             ]
             print("| " + " | ".join(row) + " |")
+    if args.cases:
+        print()
+        for cl, pt, ours, name in (c for r in results for c in r):
+            cells = [f"{o[0]}{'*' if o[0] > pt[0] else ''} s{o[1]} c{o[2]} x{o[3]:.2f}"
+                     for o in ours]
+            print(f"{name:44} classic {cl[0]:6} pt-exp {pt[0]:6} s{pt[1]} c{pt[2]} | "
+                  + " | ".join(cells))
 
 
 if __name__ == "__main__":
