@@ -72,6 +72,9 @@ pub struct OomMoment {
     pub free_other_streams: (u64, u64),
     /// The simulated device's capacity.
     pub capacity_bytes: u64,
+    /// The allocator ran out of virtual addresses, not of device memory: the driver refused to
+    /// reserve even the request's own length (the OOM report's `address_space_exhausted`).
+    pub address_space_exhausted: bool,
 }
 
 impl OomMoment {
@@ -97,6 +100,8 @@ pub struct Request {
     pub stream: u64,
     /// A recorded `oom` entry.
     pub recorded: bool,
+    /// The allocator said it ran out of virtual addresses.
+    pub address_space_exhausted: bool,
     /// Served by the replayed allocator.
     pub served: bool,
 }
@@ -169,6 +174,7 @@ pub fn diagnose(
         free_by_stream: streams,
         free_other_streams,
         capacity_bytes,
+        address_space_exhausted: request.address_space_exhausted,
     }
 }
 
@@ -196,6 +202,11 @@ impl OomMoment {
             });
         }
         out.push('\n');
+        if self.address_space_exhausted {
+            out.push_str(
+                "  the process's virtual address space ran out, not the device's memory: the driver refused to reserve addresses for this request (an expandable segment reserves 1.125 × the device: 128 TiB on x86-64 hold about 1,450 of an 80 GiB device's)\n",
+            );
+        }
         if self.impossible() {
             out.push_str(&format!(
                 "  no allocator could have served this: the request needs {} of live memory ({} live + {} requested) on a {} device\n",
@@ -303,6 +314,7 @@ mod tests {
             stream: 0,
             recorded: false,
             served: false,
+            address_space_exhausted: false,
         };
         let m = diagnose(
             request,

@@ -487,7 +487,8 @@ impl<A: Allocator> Run<'_, A> {
                 if replayed < MAX_OOM_MOMENTS && self.diagnose {
                     // After the allocator's own release and retry: what it was left with.
                     let after = (self.alloc.snapshot(), self.alloc.held_bytes());
-                    self.explain(size as u64, stream, false, false, after);
+                    let va = matches!(&e, AllocError::OutOfMemory(r) if r.address_space_exhausted);
+                    self.explain(size as u64, stream, (false, false, va), after);
                 }
                 if let Some(h) = &mut self.history {
                     h.oom(&e, size as u64, stream, self.alloc);
@@ -507,6 +508,7 @@ impl<A: Allocator> Run<'_, A> {
         // The picture before the request: what the program's allocator faced.
         let before =
             (explain && self.diagnose).then(|| (self.alloc.snapshot(), self.alloc.held_bytes()));
+        let mut va = false;
         let served = match self.alloc.allocate(bytes, StreamId::sim(stream)) {
             Ok(a) => {
                 self.peak_live = self.peak_live.max(self.live_bytes + size);
@@ -519,33 +521,35 @@ impl<A: Allocator> Run<'_, A> {
             }
             Err(e) if e.is_out_of_memory() || matches!(e, AllocError::TooLarge { .. }) => {
                 self.ooms += 1;
+                va = matches!(&e, AllocError::OutOfMemory(r) if r.address_space_exhausted);
                 false
             }
             Err(e) => return Err(e),
         };
         if let Some(before) = before {
-            self.explain(size, stream, true, served, before);
+            self.explain(size, stream, (true, served, va), before);
         }
         self.tick();
         Ok(())
     }
 
     /// Records the picture of an OOM moment from the allocator's state `before` (its snapshot
-    /// and held bytes).
+    /// and held bytes); `how`: recorded in the trace, served, out of addresses.
     fn explain(
         &mut self,
         size: u64,
         stream: u64,
-        recorded: bool,
-        served: bool,
+        how: (bool, bool, bool),
         before: (vmm_alloc::snapshot::Snapshot, u64),
     ) {
+        let (recorded, served, address_space_exhausted) = how;
         let request = Request {
             event: self.index,
             size,
             stream,
             recorded,
             served,
+            address_space_exhausted,
         };
         let (snapshot, reserved) = before;
         self.moments.push(diagnose(

@@ -190,4 +190,10 @@ fn an_rmm_log_of_thousands_of_streams_outlasts_the_address_space_only_through_ou
         theirs.peak_reserved_bytes < 16 << 30,
         "with the device nearly empty"
     );
+    let first = &theirs.oom_moments[0];
+    assert!(
+        first.address_space_exhausted && first.describe().contains("virtual address space ran out"),
+        "the diagnosis names the cause: {}",
+        first.describe()
+    );
 }

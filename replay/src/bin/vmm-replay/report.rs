@@ -268,6 +268,7 @@ pub fn moment_json(m: &OomMoment) -> Value {
         "largest_free_on_stream_bytes": m.largest_free_on_stream_bytes,
         "needed_live_bytes": m.needed_live_bytes(),
         "impossible": m.impossible(),
+        "address_space_exhausted": m.address_space_exhausted,
         "capacity_bytes": m.capacity_bytes,
         "free_by_size": m.free_by_size.iter().map(|c| json!({
             "min_bytes": c.min_bytes, "below_bytes": c.below_bytes, "count": c.count, "bytes": c.bytes,
