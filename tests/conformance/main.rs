@@ -5,6 +5,8 @@
 //! * `sim`, `host`: the defaults every user gets;
 //! * `sim_64k`, `host_64k`: the common cases again at a 64 KiB granularity (and 2 devices on Sim),
 //!   so nothing in the suite or the backends quietly assumes 2 MiB;
+//! * `sim` and `cuda` alone: the address space exhausted (`address_space.rs`; not on Host, where
+//!   it would starve the Host cases running beside it);
 //! * `cuda`: device 0 when `CudaBackend::new(0)` succeeds. Without a usable GPU its tests are
 //!   still listed, marked ignored, and one `SKIPPED ...` line says why;
 //! * `cuda_init`: constructing the Cuda backend without a driver or device gives an error value
@@ -15,6 +17,7 @@
 
 #[macro_use]
 mod support;
+mod address_space;
 mod bytes;
 #[cfg(feature = "cuda")]
 mod cuda_init;
@@ -126,6 +129,7 @@ fn sim_trials(trials: &mut Vec<Trial>) {
     let mut cases = common::<SimBackend>();
     cases.extend(emulated::cases());
     cases.extend(sim_only::cases());
+    cases.extend(address_space::cases());
     register(trials, &sim, cases, false);
     let small = Target {
         prefix: "sim_64k",
@@ -169,7 +173,9 @@ fn cuda_trials(trials: &mut Vec<Trial>) -> Option<String> {
         serial: Some(&ONE_DEVICE),
     };
     let skipped = CudaBackend::new(0).err().map(|e| e.to_string());
-    register(trials, &cuda, common_with_bytes(), skipped.is_some());
+    let mut cases = common_with_bytes();
+    cases.extend(address_space::cases());
+    register(trials, &cuda, cases, skipped.is_some());
     // Not ignored without a GPU: failing to construct is exactly what they test.
     trials.extend(cuda_init::trials());
     skipped
