@@ -7,7 +7,7 @@
 //! takes nearly all of the process's addresses for a moment, and Host cases of other threads
 //! would then fail to map (Cuda cases run one at a time).
 
-use vmm_alloc::backend::{Backend, BackendErrorKind as E};
+use vmm_alloc::backend::BackendErrorKind as E;
 
 use crate::support::{Case, Subject, TestResult};
 
