@@ -327,6 +327,11 @@ pub(crate) fn gpu_section(out: &mut String, d: &Data, verdicts: &mut Vec<Verdict
         &groups,
     );
     out.push_str(
+        "On a machine without a GPU this section has no figures; the GPU runs' (criterion \
+`--quick`, with what each found) are in [GPU.md](GPU.md), which `scripts/gpu-validate.sh` \
+writes.\n",
+    );
+    out.push_str(
         "Benchmarks 1–4 on the Cuda backend (device 0), against what a Rust user would otherwise \
 call, and the raw driver loop as the physical floor for growth:\n\n\
 * `gpu_hot_path`: the hot-path pair above (same sizes and background, live 0 and 1,000) for the \
