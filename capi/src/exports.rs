@@ -7,6 +7,7 @@ use std::cell::RefCell;
 use std::ffi::{c_char, c_double, c_int, c_void, CStr, CString};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use vmm_alloc::config::FrontCacheMode;
 use vmm_alloc::DevAddr;
 
 use crate::boundary::{guard, guard_value, last_error_ptr, CallError, E_FAILED, E_INVALID, E_OOM};
@@ -348,7 +349,8 @@ pub extern "C" fn vmm_alloc_configure(
     })
 }
 
-/// The settings in force as JSON (`backend`, `pytorch_conf`, `ours`, the allocator's fields), or
+/// The settings in force as JSON (`backend`, `pytorch_conf`, `ours`, every field of the
+/// allocator's `ExpandableConfig` by its name, `front_cache` as `false`/`auto`/`true`), or
 /// NULL with the last error set. Free with `vmm_alloc_string_free`.
 #[no_mangle]
 pub extern "C" fn vmm_alloc_config_json() -> *mut c_char {
@@ -367,6 +369,35 @@ pub extern "C" fn vmm_alloc_config_json() -> *mut c_char {
             "remap_defrag": c.remap_defrag,
             "memory_fraction": c.memory_fraction,
             "max_split_size": c.max_split_size,
+            // Every other field, so that a user sees what each of our keys resolved to.
+            "va_factor": c.va_factor,
+            "va_fallback": c.va_fallback,
+            "sync_only_after_frees": c.sync_only_after_frees,
+            "peers": c.peers,
+            "roundup_power2_divisions": c.roundup_power2_divisions,
+            "faithful_oversize": c.faithful_oversize,
+            "max_non_split_rounding": c.max_non_split_rounding,
+            "pressure_tail": c.pressure_tail,
+            "headroom_bytes": c.headroom_bytes,
+            "headroom_fraction": c.headroom_fraction,
+            "remap_before_create": c.remap_before_create,
+            "borrow_across_pools": c.borrow_across_pools,
+            "park_remaps": c.park_remaps,
+            "front_cache": match c.front_cache {
+                FrontCacheMode::Off => "false",
+                FrontCacheMode::OnContention => "auto",
+                FrontCacheMode::Always => "true",
+            },
+            "best_fit_growth": c.best_fit_growth,
+            "reuse_last_free": c.reuse_last_free,
+            "drain_after_sync": c.drain_after_sync,
+            "harvest_lowest_first": c.harvest_lowest_first,
+            "give_back_before_foreign_sync": c.give_back_before_foreign_sync,
+            "give_back_below_free_pages": c.give_back_below_free_pages,
+            "give_back_below_all_free_pages": c.give_back_below_all_free_pages,
+            "fine_pages_above": c.fine_pages_above,
+            "batch_unmaps": c.batch_unmaps,
+            "tail_takes_rest": c.tail_takes_rest,
         });
         Ok(out_string(v.to_string()))
     })

@@ -322,3 +322,35 @@ fn hooks_with_no_result_do_not_crash_on_odd_input() {
     unsafe { vmm_alloc_string_free(c) };
     assert!(text.contains("\"backend\":\"host\""), "{text}");
 }
+
+/// `vmm_alloc_config_json` (Python's `vmm_alloc.config()`) shows what every one of our keys
+/// resolved to, so a user can check a `VMM_ALLOC_CONF` took effect.
+#[test]
+fn the_config_shows_every_own_key() {
+    let _g = setup();
+    let c = vmm_alloc_config_json();
+    assert!(!c.is_null(), "{}", last_error());
+    // SAFETY: returned by the library.
+    let text = unsafe { CStr::from_ptr(c) }.to_string_lossy().into_owned();
+    // SAFETY: returned by the library, not freed yet.
+    unsafe { vmm_alloc_string_free(c) };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (key, _) in vmm_alloc::config::OWN_KEYS {
+        // Sizes are given in MiB and shown in bytes, under the field's name.
+        let field = match key {
+            "headroom_mb" => "headroom_bytes",
+            k => k.strip_suffix("_mb").unwrap_or(k),
+        };
+        assert!(
+            v.get(field).is_some(),
+            "{key} ({field}) missing from {text}"
+        );
+    }
+    let d = vmm_alloc::ExpandableConfig::default();
+    assert_eq!(v["va_fallback"], d.va_fallback, "{text}");
+    assert_eq!(v["front_cache"], "auto", "{text}");
+    assert_eq!(
+        v["give_back_below_all_free_pages"], d.give_back_below_all_free_pages,
+        "{text}"
+    );
+}

@@ -76,7 +76,8 @@ def configure(conf=None, ours=None, backend=None):
 
 
 def config():
-    """The settings in force, as a dict."""
+    """The settings in force, as a dict: the backend, the two configuration strings, and every
+    field of our allocator's configuration by name (sizes in bytes), e.g. `va_fallback`."""
     return _lib.take_json(_lib.lib().vmm_alloc_config_json())
 
 
