@@ -487,8 +487,15 @@ impl<A: Allocator> Run<'_, A> {
                 if replayed < MAX_OOM_MOMENTS && self.diagnose {
                     // After the allocator's own release and retry: what it was left with.
                     let after = (self.alloc.snapshot(), self.alloc.held_bytes());
-                    let va = matches!(&e, AllocError::OutOfMemory(r) if r.address_space_exhausted);
-                    self.explain(size as u64, stream, (false, false, va), after);
+                    let request = Request {
+                        event: self.index,
+                        size: size as u64,
+                        stream,
+                        recorded: false,
+                        served: false,
+                        address_space_exhausted: out_of_addresses(&e),
+                    };
+                    self.explain(request, after);
                 }
                 if let Some(h) = &mut self.history {
                     h.oom(&e, size as u64, stream, self.alloc);
@@ -521,36 +528,29 @@ impl<A: Allocator> Run<'_, A> {
             }
             Err(e) if e.is_out_of_memory() || matches!(e, AllocError::TooLarge { .. }) => {
                 self.ooms += 1;
-                va = matches!(&e, AllocError::OutOfMemory(r) if r.address_space_exhausted);
+                va = out_of_addresses(&e);
                 false
             }
             Err(e) => return Err(e),
         };
         if let Some(before) = before {
-            self.explain(size, stream, (true, served, va), before);
+            let request = Request {
+                event: self.index,
+                size,
+                stream,
+                recorded: true,
+                served,
+                address_space_exhausted: va,
+            };
+            self.explain(request, before);
         }
         self.tick();
         Ok(())
     }
 
-    /// Records the picture of an OOM moment from the allocator's state `before` (its snapshot
-    /// and held bytes); `how`: recorded in the trace, served, out of addresses.
-    fn explain(
-        &mut self,
-        size: u64,
-        stream: u64,
-        how: (bool, bool, bool),
-        before: (vmm_alloc::snapshot::Snapshot, u64),
-    ) {
-        let (recorded, served, address_space_exhausted) = how;
-        let request = Request {
-            event: self.index,
-            size,
-            stream,
-            recorded,
-            served,
-            address_space_exhausted,
-        };
+    /// Records the picture of an OOM moment for `request` from the allocator's state `before`
+    /// (its snapshot and held bytes).
+    fn explain(&mut self, request: Request, before: (vmm_alloc::snapshot::Snapshot, u64)) {
         let (snapshot, reserved) = before;
         self.moments.push(diagnose(
             request,
@@ -594,6 +594,11 @@ impl<A: Allocator> Run<'_, A> {
             };
         }
     }
+}
+
+/// Whether `e` is an out-of-memory for want of addresses, not device memory.
+fn out_of_addresses(e: &AllocError) -> bool {
+    matches!(e, AllocError::OutOfMemory(r) if r.address_space_exhausted)
 }
 
 #[cfg(test)]

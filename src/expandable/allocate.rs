@@ -158,11 +158,10 @@ impl<B: Backend> State<B> {
         pool: PoolKind,
         rounded: usize,
     ) -> Result<(u32, PieceId), AllocError> {
-        self.va_exhausted = false;
         match self.grow(stream, pool, rounded) {
             Ok(at) => return Ok(at),
             Err(GrowFail::Backend(e)) => return Err(e.into()),
-            Err(GrowFail::OutOfMemory) => {}
+            Err(GrowFail::OutOfMemory | GrowFail::OutOfAddresses) => {}
         }
         // Last resort, as PyTorch: wait for every pending free, give every free page back, retry.
         self.stats.num_alloc_retries += 1;
@@ -174,9 +173,9 @@ impl<B: Backend> State<B> {
         match self.grow(stream, pool, rounded) {
             Ok(at) => Ok(at),
             Err(GrowFail::Backend(e)) => Err(e.into()),
-            Err(GrowFail::OutOfMemory) => {
+            Err(fail) => {
                 self.stats.num_ooms += 1;
-                Err(self.oom_report(rounded, self.va_exhausted))
+                Err(self.oom_report(rounded, matches!(fail, GrowFail::OutOfAddresses)))
             }
         }
     }

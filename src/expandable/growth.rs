@@ -416,10 +416,8 @@ impl<B: Backend> State<B> {
                 Err(e) if self.config.va_fallback && e.is_out_of_memory() && va_len > least => {
                     va_len = least
                 }
-                Err(e) => {
-                    self.va_exhausted = e.is_out_of_memory();
-                    return Err(e.into());
-                }
+                Err(e) if e.is_out_of_memory() => return Err(GrowFail::OutOfAddresses),
+                Err(e) => return Err(GrowFail::Backend(e)),
             }
         };
         let va_len = va.len;
@@ -906,8 +904,11 @@ impl<B: Backend> State<B> {
 
 /// Why a growth failed.
 pub(crate) enum GrowFail {
-    /// No physical memory (or address space) could be found: try harder, or report OOM.
+    /// No physical memory could be found: try harder, or report OOM.
     OutOfMemory,
+    /// The driver refused even the request's own length of addresses for a new segment (Note
+    /// [Address space budget]): try harder, or report OOM saying so.
+    OutOfAddresses,
     /// The backend failed for another reason: report it.
     Backend(BackendError),
 }

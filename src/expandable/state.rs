@@ -57,9 +57,6 @@ pub(crate) struct State<B: Backend> {
     pub(crate) device_total: usize,
     /// `per_process_memory_fraction × device_total`: physical bytes we may hold.
     pub(crate) limit: usize,
-    /// Whether the current request's last new segment was refused for want of addresses, even
-    /// at its least length (Note [Address space budget] in `growth.rs`): said in its OOM report.
-    pub(crate) va_exhausted: bool,
     pub(crate) access: Vec<Access>,
     /// va start -> segment
     pub(crate) segments: BTreeMap<SegmentKey, Segment>,
@@ -135,7 +132,6 @@ impl<B: Backend> State<B> {
             granularity,
             device_total: info.total,
             limit,
-            va_exhausted: false,
             access,
             segments: BTreeMap::new(),
             segments_by_slot: BTreeSet::new(),
