@@ -18,6 +18,7 @@ pub struct Stat {
 
 impl Stat {
     /// `increase_stat`: `current += n`, `peak = max(peak, current)`, `allocated += n`.
+    #[inline]
     pub(crate) fn increase(&mut self, n: u64) {
         self.current += n;
         self.peak = self.peak.max(self.current);
@@ -25,6 +26,7 @@ impl Stat {
     }
 
     /// `decrease_stat`: `current -= n`, `freed += n`.
+    #[inline]
     pub(crate) fn decrease(&mut self, n: u64) {
         self.current = self.current.saturating_sub(n);
         self.freed += n;
@@ -54,12 +56,14 @@ pub struct StatArray {
 
 impl StatArray {
     /// Increases the aggregate and `pool`'s stat.
+    #[inline]
     pub(crate) fn increase(&mut self, pool: PoolKind, n: u64) {
         self.all.increase(n);
         self.pool_mut(pool).increase(n);
     }
 
     /// Decreases the aggregate and `pool`'s stat.
+    #[inline]
     pub(crate) fn decrease(&mut self, pool: PoolKind, n: u64) {
         self.all.decrease(n);
         self.pool_mut(pool).decrease(n);
@@ -73,6 +77,7 @@ impl StatArray {
         }
     }
 
+    #[inline]
     fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
         match pool {
             PoolKind::Small => &mut self.small_pool,

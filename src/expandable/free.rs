@@ -60,7 +60,11 @@ impl<B: Backend> State<B> {
     fn free_block(&mut self, block: &Block) {
         // A block's stream is its segment's: blocks are carved from their (stream, pool)'s ranges.
         let StreamPool { stream, pool } = self.index.key(block.slot);
-        self.unsynced_frees.insert(stream);
+        // A loop frees on one stream over and over: the set is looked at only when it changes.
+        if self.last_unsynced != Some(stream) {
+            self.unsynced_frees.insert(stream);
+            self.last_unsynced = Some(stream);
+        }
         let size = self.size_of(block);
         let merged = self.make_free(block.slot, block.piece);
         self.remember_free(block.slot, block.piece, merged, size);
@@ -94,6 +98,9 @@ impl<B: Backend> State<B> {
         let synced = self.backend.synchronize(stream);
         track(&mut self.stats, CallKind::Synchronize, synced)?;
         self.unsynced_frees.remove(&stream);
+        if self.last_unsynced == Some(stream) {
+            self.last_unsynced = None;
+        }
         // Nothing queued can touch the stream's parked pages any more (Note [Parked pages]). A
         // page the driver will not unmap stays parked, tried again at the next chance: the
         // synchronization itself succeeded.
@@ -116,7 +123,16 @@ impl<B: Backend> State<B> {
 
     /// Frees the pending blocks whose events have all completed; with `sync`, first waits for
     /// every stream they wait on. Returns the first backend error met while syncing.
+    #[inline]
     pub(crate) fn process_events(&mut self, sync: bool) -> Result<(), BackendError> {
+        // Every allocation looks: nothing to do is the common case, decided without a call.
+        if self.pending.is_empty() && !self.deferred.has_events() {
+            return Ok(());
+        }
+        self.process_pending(sync)
+    }
+
+    fn process_pending(&mut self, sync: bool) -> Result<(), BackendError> {
         // A failed release stays deferred: nothing else depends on it.
         let _ = self.deferred.retry_events(&self.backend, &mut self.stats);
         if self.pending.is_empty() {

@@ -128,7 +128,13 @@ impl SizeIndex {
             return;
         }
         let co = class_of(old.len);
-        if co == class_of(new.len) && self.bins[co].replace_in_place(&old, new) {
+        // A range alone in its bin moves to the hot slot even when its class stays: taking it
+        // out of a bin of one is cheap, and the next replace of it (the pair's other half) is
+        // then one compare instead of a class lookup and a bin's checks.
+        if co == class_of(new.len)
+            && self.bins[co].len() > 1
+            && self.bins[co].replace_in_place(&old, new)
+        {
             return;
         }
         let removed = self.take(co, old);

@@ -87,6 +87,9 @@ pub(crate) struct State<B: Backend> {
     /// Streams on which a block was freed since the stream was last synchronized: only their free
     /// pages may still be touched by queued work (Note [Syncs]). A handful of streams at most.
     pub(super) unsynced_frees: FxHashSet<StreamId>,
+    /// The stream `free_block` last put in `unsynced_frees`, while it is still there: a cache
+    /// that spares the hot path the set's hashing.
+    pub(super) last_unsynced: Option<StreamId>,
     /// handle -> (segment, address) of its parked mapping (Note [Parked pages] in `parked.rs`):
     /// at most one per handle. Empty unless a growth remapped a page without a synchronization.
     pub(crate) parked_handles: FxHashMap<PhysHandle, (SegmentKey, u64)>,
@@ -148,6 +151,7 @@ impl<B: Backend> State<B> {
             stats,
             recent_frees: RecentFrees::new(RECENT_FREES),
             unsynced_frees: FxHashSet::default(),
+            last_unsynced: None,
             parked_handles: FxHashMap::default(),
             harvest_unmaps: Vec::new(),
             next_segment_seq: 0,

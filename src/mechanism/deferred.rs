@@ -133,6 +133,7 @@ pub(crate) struct Deferred {
 
 impl Deferred {
     /// Whether an event's release waits to be tried again (by the next `process_events`).
+    #[inline]
     pub(crate) fn has_events(&self) -> bool {
         !self.events.is_empty()
     }

@@ -66,6 +66,20 @@ impl<B: Backend> State<B> {
     }
 
     /// Live blocks are aligned, mapped, at least their request; no two blocks overlap.
+    /// The stream `free_block` remembers as the last it made unsynced is in the set of unsynced
+    /// streams: the cache may only spare a lookup, never hide a stream that needs a
+    /// synchronization.
+    pub(super) fn check_unsynced(&self) -> Result<(), V> {
+        match self.last_unsynced {
+            Some(s) if !self.unsynced_frees.contains(&s) => Err(V::Count {
+                what: "the last unsynced stream, in the set of unsynced streams",
+                kept: 1,
+                found: 0,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     pub(super) fn check_live_blocks(&self) -> Result<(), V> {
         let mut spans: Vec<(u64, u64)> = Vec::new();
         for (&at, b) in &self.live {

@@ -37,6 +37,7 @@ impl<B: Backend> State<B> {
         self.check_release_index()?;
         self.check_chunk_cache()?;
         self.check_live_blocks()?;
+        self.check_unsynced()?;
         self.check_stats(&sums)
     }
 }
@@ -48,6 +49,27 @@ mod tests {
     use crate::expandable::state::State;
     use crate::mechanism::violation::InvariantViolation as V;
     use crate::SimBackend;
+
+    #[test]
+    fn a_stream_synchronized_and_then_freed_on_again_needs_a_synchronization() {
+        let mut s = State::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
+        let stream = StreamId::sim(3);
+        let a = s.allocate(3 << 20, stream).unwrap();
+        let b = s.allocate(3 << 20, stream).unwrap();
+        assert!(!s.needs_sync(stream), "nothing freed on it yet");
+        s.deallocate(a.ptr()).unwrap();
+        assert!(s.needs_sync(stream));
+        s.sync_before_unmap(stream).unwrap();
+        assert!(!s.needs_sync(stream), "synchronized after its last free");
+        s.check().unwrap();
+        // The free after the synchronization must count again, though it is the same stream
+        // as the free before it.
+        s.deallocate(b.ptr()).unwrap();
+        assert!(s.needs_sync(stream));
+        s.check().unwrap();
+        s.last_unsynced = Some(StreamId::sim(4));
+        assert!(matches!(s.check().unwrap_err(), V::Count { .. }));
+    }
 
     #[test]
     fn a_stat_out_of_step_is_named() {
