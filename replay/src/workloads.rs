@@ -136,11 +136,12 @@ pub const NAMES: [&str; 4] = [
 ];
 
 /// Workloads [`by_name`] knows beyond [`NAMES`]: each shows one mechanism of the allocators.
-pub const MECHANISMS: [&str; 4] = [
+pub const MECHANISMS: [&str; 5] = [
     "small-after-large",
     "multi-stream",
     "two-streams",
     "ten-streams",
+    "thirty-two-streams",
 ];
 
 /// Workloads shaped like whole programs of kinds no shared trace has: a training loop calling
@@ -148,11 +149,15 @@ pub const MECHANISMS: [&str; 4] = [
 /// and 3-D U-Net training ([`unet3d_training`]).
 pub const PROGRAMS: [&str; 3] = ["empty-cache-training", "qlora", "unet3d-training"];
 
-/// Inference servers ([`inference_server`]): requests on 10 (`inference-server`) or 4
-/// (`inference-server-4`) streams at once, each growing its own KV cache. Programs too, listed
-/// apart because ours does not yet fit every one in as little as PyTorch's expandable policy
-/// (POLICY.md, "Inference servers").
-pub const SERVERS: [&str; 2] = ["inference-server", "inference-server-4"];
+/// Inference servers ([`inference_server`]): requests on 10 (`inference-server`), 4
+/// (`inference-server-4`) or 32 (`inference-server-32`) streams at once, each growing its own KV
+/// cache. Programs too, listed apart because ours does not yet fit every one in as little as
+/// PyTorch's expandable policy (POLICY.md, "Inference servers").
+pub const SERVERS: [&str; 3] = [
+    "inference-server",
+    "inference-server-4",
+    "inference-server-32",
+];
 
 /// The workload called `name` (one of [`NAMES`], [`MECHANISMS`], [`PROGRAMS`] or [`SERVERS`])
 /// with `seed`; `ops` and `max_size` shape
@@ -167,11 +172,13 @@ pub fn by_name(name: &str, seed: u64, ops: u64, max_size: u64) -> Option<Trace> 
         "multi-stream" => Some(multi_stream(seed, 4)),
         "two-streams" => Some(multi_stream(seed, 2)),
         "ten-streams" => Some(multi_stream(seed, 10)),
+        "thirty-two-streams" => Some(multi_stream(seed, 32)),
         "empty-cache-training" => Some(empty_cache_training(seed)),
         "qlora" => Some(qlora(seed)),
         "unet3d-training" => Some(unet3d_training(seed)),
         "inference-server" => Some(inference_server(seed, 10)),
         "inference-server-4" => Some(inference_server(seed, 4)),
+        "inference-server-32" => Some(inference_server(seed, 32)),
         _ => None,
     }
 }

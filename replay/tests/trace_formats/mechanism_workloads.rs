@@ -113,10 +113,11 @@ fn multi_stream_fits_where_pytorch_expandable_does_with_fewer_driver_calls() {
     for (name, seed) in cases
         .into_iter()
         .chain([("ten-streams", 1), ("ten-streams", 2)])
+        .chain([("thirty-two-streams", 1)])
     {
         let trace = workloads::by_name(name, seed, 0, 0).unwrap();
         let min = |policy| {
-            min_capacity(&trace, policy, &opts, 4 << 30, 2 * MIB)
+            min_capacity(&trace, policy, &opts, 8 << 30, 2 * MIB)
                 .unwrap()
                 .unwrap()
         };
