@@ -348,6 +348,7 @@ fn the_config_shows_every_own_key() {
     }
     let d = vmm_alloc::ExpandableConfig::default();
     assert_eq!(v["va_fallback"], d.va_fallback, "{text}");
+    assert_eq!(v["stream_page_floor"], d.stream_page_floor, "{text}");
     assert_eq!(v["front_cache"], "auto", "{text}");
     assert_eq!(
         v["give_back_below_all_free_pages"], d.give_back_below_all_free_pages,

@@ -211,6 +211,8 @@ pub(crate) struct Indexes {
     all: Vec<(StreamPool, SizeIndex)>,
     /// Slots from [`SCANNED`] on, by key.
     beyond: rustc_hash::FxHashMap<StreamPool, u32>,
+    /// Slots of the large pool: the streams that ever took large-pool memory.
+    large: u32,
 }
 
 /// Indexes searched by a scan before the hash map.
@@ -238,9 +240,15 @@ impl Indexes {
                     self.beyond.insert(key, slot);
                 }
                 self.all.push((key, SizeIndex::default()));
+                self.large += u32::from(key.pool == PoolKind::Large);
                 slot
             }
         }
+    }
+
+    /// How many streams ever took large-pool memory.
+    pub(crate) fn large_streams(&self) -> u32 {
+        self.large
     }
 
     /// The (stream, pool) of the index in `slot`.

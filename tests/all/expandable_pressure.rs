@@ -311,13 +311,19 @@ fn a_stream_alone_at_the_device_end_takes_the_rest_with_one_growth() {
         }
         (growths, h)
     };
-    let alone = run(ExpandableConfig::default(), 2);
+    // 20 MiB pages with two streams on a device this small (Note [Stream pages] would shrink
+    // them): the rule under test is the tail's.
+    let pages20 = || ExpandableConfig {
+        stream_page_share: 0.0,
+        ..ExpandableConfig::default()
+    };
+    let alone = run(pages20(), 2);
     assert_eq!(alone, (1, 56 * MB as u64), "one 16 MiB handle");
     let exact = ExpandableConfig {
         tail_takes_rest: false,
-        ..ExpandableConfig::default()
+        ..pages20()
     };
     assert_eq!(run(exact, 2), (3, 56 * MB as u64), "4, 6 and 6 MiB");
-    let shared = run(ExpandableConfig::default(), 3);
+    let shared = run(pages20(), 3);
     assert_eq!(shared, (3, 76 * MB as u64), "another stream holds memory");
 }

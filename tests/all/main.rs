@@ -20,5 +20,6 @@ mod parked_pages;
 mod pytorch_parity;
 mod pytorch_rounding;
 mod scaling_regressions;
+mod stream_pages;
 mod unmap_runs;
 mod va_budget;

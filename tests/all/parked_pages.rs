@@ -62,7 +62,12 @@ fn a_growth_remaps_its_own_streams_free_pages_without_a_synchronization() {
 #[test]
 fn pages_of_another_stream_still_wait_for_a_synchronization() {
     let other = StreamId::sim(7);
-    let a = on_device(100 * MB, ExpandableConfig::default());
+    // 20 MiB pages with two streams on 100 MiB (Note [Stream pages] would shrink them).
+    let config = ExpandableConfig {
+        stream_page_share: 0.0,
+        ..ExpandableConfig::default()
+    };
+    let a = on_device(100 * MB, config);
     let first = a.allocate(40 * MB, other).unwrap();
     let b = a.allocate(40 * MB, S0).unwrap();
     a.deallocate(first).unwrap();

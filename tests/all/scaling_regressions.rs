@@ -229,11 +229,15 @@ fn a_failing_allocation_releases_exactly_the_whole_free_segments_classic() {
 const PAGE: usize = 20 * MB;
 
 /// `n` streams on a device of exactly `n` pages, each stream's segment mapping one page, filled
-/// by one live block.
+/// by one live block. The page stays 20 MiB (`stream_page_share` off: Note [Stream pages] would
+/// shrink it with this many streams on so small a device).
 fn full_expandable(n: u64) -> (ExpandableAllocator<SimBackend>, Vec<vmm_alloc::Allocation>) {
     assert_eq!(ExpandableConfig::default().large_page, PAGE);
-    let alloc =
-        ExpandableAllocator::new(sim(n as usize * PAGE), ExpandableConfig::default()).unwrap();
+    let config = ExpandableConfig {
+        stream_page_share: 0.0,
+        ..ExpandableConfig::default()
+    };
+    let alloc = ExpandableAllocator::new(sim(n as usize * PAGE), config).unwrap();
     let live: Vec<_> = (0..n)
         .map(|i| alloc.allocate(PAGE, StreamId::sim(i + 1)).unwrap())
         .collect();

@@ -113,7 +113,7 @@ pub fn op_strategy() -> impl Strategy<Value = Op> {
 
 /// Configurations: ours, PyTorch's expandable segments, small pages, a small handle cache, most
 /// growths under pressure (with and without remapping other streams' pages), fine pages past
-/// half the device, and power-of-two rounding.
+/// half the device, pages that shrink with the streams, and power-of-two rounding.
 pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
     prop_oneof![
         Just(ExpandableConfig::default()),
@@ -141,6 +141,13 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
         // 2 MiB large pages once past half the device (Note [Fine pages]).
         Just(ExpandableConfig {
             fine_pages_above: 0.5,
+            ..ExpandableConfig::default()
+        }),
+        // Large pages that shrink to 2-6 MiB as streams take large-pool memory (Note [Stream
+        // pages]; the default's floor keeps them at 8 MiB on these small devices).
+        Just(ExpandableConfig {
+            stream_page_share: 0.05,
+            stream_page_floor: 2 << 20,
             ..ExpandableConfig::default()
         }),
         // The per-stream front cache (Note [Front cache], Note [Front allowance]): frees through
