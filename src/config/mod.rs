@@ -210,7 +210,7 @@ pub struct ExpandableConfig {
     /// memory stays within this share of the device (of the memory-fraction limit): many
     /// streams on a device small for them each keep partly used pages that no remap can take
     /// (Note \[Stream pages\] in `expandable/growth.rs`). In \[0, 1\]; 0 turns it off.
-    /// Default 0.03: on an 80 GiB device the page stays 20 MiB below 122 streams; on the
+    /// Default 0.03: on an 80 GiB device the page stays 20 MiB up to 122 streams; on the
     /// generated workloads of 10 and 32 streams at their minimum capacity it takes the cases
     /// where classic needs less from 6 to 2 and 18 to 10 (POLICY.md, "Many streams"). PyTorch:
     /// off (20 MiB pages).

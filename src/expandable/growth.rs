@@ -138,7 +138,7 @@
 //! page is usually half used), and under pressure no remap can take a page that is partly
 //! used, so the memory that pages pin grows with the streams × the page, where classic's
 //! segments, sized to each request of 10 MiB or more and given back whole, pin none of it. On
-//! an 80 GiB device the page stays 20 MiB below 122 streams, and a program of one stream never
+//! an 80 GiB device the page stays 20 MiB up to 122 streams, and a program of one stream never
 //! sees it; it acts where many streams share a device that is small for them, the case the
 //! generated workloads of 10 and 32 streams showed losing to classic (POLICY.md, "Many
 //! streams": at a device's minimum, 32 streams of churn took ours above classic on 18 of 18
