@@ -212,7 +212,7 @@ pub struct ExpandableConfig {
     /// (Note \[Stream pages\] in `expandable/growth.rs`). In \[0, 1\]; 0 turns it off.
     /// Default 0.03: on an 80 GiB device the page stays 20 MiB up to 122 streams; on the
     /// generated workloads of 10 and 32 streams at their minimum capacity it takes the cases
-    /// where classic needs less from 6 to 2 and 18 to 10 (POLICY.md, "Many streams"). PyTorch:
+    /// where classic needs less from 6 to 0 and 18 to 11 (POLICY.md, "Many streams"). PyTorch:
     /// off (20 MiB pages).
     pub stream_page_share: f64,
     /// The smallest page `stream_page_share` shrinks the large page to (bytes, rounded up to

@@ -146,11 +146,11 @@
 //! page, so the page is as large as the pinned memory allows, and no smaller than 8 MiB,
 //! where the 32-stream churn still makes fewer driver calls than PyTorch's policy (at 6 MiB
 //! it makes more). Measured (seeds 1–18, min capacity, Sim, against the previous default; the
-//! shared traces and the single-stream programs do not change): several streams 6 → 2 cases
-//! above classic and 3 → 2 above PyTorch's policy, 2.0 % less memory summed, driver calls
-//! above PyTorch's on none; 32 streams 18 → 10 above classic and 13 → 9 above PyTorch's
-//! policy, 1.6 % less summed, calls above it on 1 of 36; synchronizations above it 7 → 8 and
-//! 2 → 4 cases; the servers unchanged but for −16 MiB. The count of streams only grows (a
+//! shared traces and the single-stream programs do not change): several streams 6 → 0 cases
+//! above classic and 3 → 1 above PyTorch's policy, 2.1 % less memory summed, driver calls
+//! above PyTorch's on none; 32 streams 18 → 11 above classic and 13 → 11 above PyTorch's
+//! policy, 1.5 % less summed, calls above it on 1 of 36; synchronizations above it 7 → 9 and
+//! 2 → 3 cases; the servers unchanged but for −8 MiB. The count of streams only grows (a
 //! stream that took large-pool memory once still counts), so a program that once ran many
 //! streams keeps the smaller page.
 //!
@@ -283,6 +283,9 @@ impl<B: Backend> State<B> {
     /// `stream_page_floor` (Note [Stream pages]).
     fn stream_page(&self, stream: StreamId, page: usize) -> usize {
         let share = self.config.stream_page_share;
+        if share <= 0.0 {
+            return page;
+        }
         let first = self
             .index
             .find(StreamPool {
@@ -291,7 +294,7 @@ impl<B: Backend> State<B> {
             })
             .is_none();
         let streams = self.index.large_streams() + u32::from(first);
-        if share <= 0.0 || streams < 2 {
+        if streams < 2 {
             return page;
         }
         let cap = (share * self.limit as f64 / f64::from(streams)) as usize;

@@ -8,12 +8,14 @@
 //! address on ties) that one ordered set gave, while each set stays small: a hot path that keeps
 //! carving the tail of a segment no longer shares a B-tree with 100,000 fragments of other sizes.
 //!
-//! Note [Hot range]: the range a replace moved to another class (or rank) waits outside the bins,
-//! in one slot, until another range takes its place there. The hot path carves a block from one
-//! free range and merges it back on free; where that changes the range's class (1 MiB from a
-//! 2 MiB page, 256 MiB from a longer tail), each call would take it out of one bin and put it in
-//! another; in the slot it is rewritten in place. Best fit compares the slot with the bins'
-//! answer, so it is still the exact best fit: the index holds the same set, in another place.
+//! Note [Hot range]: the range a replace moved to another class (or rank), or that was alone in
+//! its bin, waits outside the bins, in one slot, until another range takes its place there. The
+//! hot path carves a block from one free range and merges it back on free; where that changes
+//! the range's class (1 MiB from a 2 MiB page, 256 MiB from a longer tail), each call would take
+//! it out of one bin and put it in another, and where the range is its bin's only one (512 B
+//! from a page), each call would still look its class up and check the bin; in the slot it is
+//! rewritten after one compare. Best fit compares the slot with the bins' answer, so it is still
+//! the exact best fit: the index holds the same set, in another place.
 
 use crate::backend::StreamId;
 use crate::expandable::pieces::PieceId;

@@ -190,16 +190,6 @@ impl<T: Ord + Copy> SortedRuns<T> {
     /// false (nothing changed) if `old` is absent or `new` belongs elsewhere.
     #[inline]
     pub(crate) fn replace_in_place(&mut self, old: &T, new: T) -> bool {
-        if self.len == 1 {
-            // The hot path's case: a bin holding only the segment tail that allocations carve
-            // and frees give back. One entry has no neighbours to stay between.
-            let found = self.lasts[0] == *old;
-            if found {
-                self.runs[0][0] = new;
-                self.lasts[0] = new;
-            }
-            return found;
-        }
         if self.len == 0 {
             return false;
         }

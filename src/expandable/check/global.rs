@@ -65,7 +65,6 @@ impl<B: Backend> State<B> {
         self.cache.check()
     }
 
-    /// Live blocks are aligned, mapped, at least their request; no two blocks overlap.
     /// The stream `free_block` remembers as the last it made unsynced is in the set of unsynced
     /// streams: the cache may only spare a lookup, never hide a stream that needs a
     /// synchronization.
@@ -80,6 +79,7 @@ impl<B: Backend> State<B> {
         }
     }
 
+    /// Live blocks are aligned, mapped, at least their request; no two blocks overlap.
     pub(super) fn check_live_blocks(&self) -> Result<(), V> {
         let mut spans: Vec<(u64, u64)> = Vec::new();
         for (&at, b) in &self.live {
