@@ -4,6 +4,7 @@
 mod address_order;
 mod builtin_workloads;
 mod claims;
+mod goal_conflicts;
 mod hostile;
 mod mechanism_workloads;
 mod native_format;
