@@ -1,4 +1,6 @@
-//! Issue 19's goals 2 and 3 cannot both hold on every trace (POLICY.md, "Goals that conflict").
+//! Issue 19's goals cannot all hold on every trace (POLICY.md, "Goals that conflict"): goal 2's
+//! utilization with goal 3's calls at 80 GiB (two traces), and goal 1's capacity with goal 3's
+//! calls at each one's minimum (three traces).
 //!
 //! Two traces share their first request, 21 MiB on an 80 GiB device: `tail` ends there, `next`
 //! asks 19 MiB more. Classic gives the 21 MiB a segment of 22, so on `tail` goal 2 (utilization
@@ -11,9 +13,18 @@
 //! fails goal 2 on `tail` or goal 3 on `next`. Ours keeps goal 3 (PyTorch's pages), as
 //! `attention-peak-test-tiny` and `linear-toy-grad-tiny` show: their utilization at 80 GiB is
 //! below classic's by the unused tail of the last page.
+//!
+//! Three traces share their first request, 21 MiB on stream 0 of a 40 MiB device, and each needs
+//! this device (peak live 39–40 MiB, and min(classic, pytorch-expandable) is 40 MiB on each). T2
+//! (19 MiB more on stream 0) with goal 3's 7 calls needs the first growth to map all 40 MiB in at
+//! most two handles; T1 (18 MiB on stream 7) needs those handles to be 22 + 18 MiB, so that the
+//! 18 MiB one is whole and free; T3 (the 21 MiB freed, then 20 MiB on each stream) needs 20 +
+//! 20 MiB. This holds for allocators that keep each stream's memory apart, as PyTorch's two and
+//! ours do (a stream's free memory reaches another stream only as whole handles, unmapped and
+//! mapped again).
 
 use super::*;
-use vmm_replay::replay::{replay, Policy, ReplayOptions, ReplayOutcome};
+use vmm_replay::replay::{min_capacity, replay, Policy, ReplayOptions, ReplayOutcome};
 
 const MIB: u64 = 1 << 20;
 
@@ -74,4 +85,72 @@ fn utilization_above_classic_and_calls_below_pytorch_expandable_conflict() {
     for k in [Create, Map, SetAccess] {
         assert_eq!(on_next.calls.calls(k), 2, "{k:?}: one a growth");
     }
+}
+
+/// The three traces of the second argument: each begins with 21 MiB on stream 0.
+fn three() -> [Trace; 3] {
+    let a = alloc(0, 21 * MIB, 0);
+    [
+        // T1: then 18 MiB on another stream. Classic: 22 + 18 = 40 MiB.
+        Trace::from_events("T1", vec![a, alloc(1, 18 * MIB, 7)]),
+        // T2: then 19 MiB on the same stream. PyTorch's policy: two pages, 40 MiB, 7 calls.
+        Trace::from_events("T2", vec![a, alloc(1, 19 * MIB, 0)]),
+        // T3: freed, then 20 MiB on stream 0 and 20 MiB on another. PyTorch's policy: 40 MiB.
+        Trace::from_events(
+            "T3",
+            vec![a, free(0), alloc(1, 20 * MIB, 0), alloc(2, 20 * MIB, 7)],
+        ),
+    ]
+}
+
+/// The smallest capacity (2 MiB steps) on which `trace` replays without an OOM, and the replay
+/// there.
+fn minimum(trace: &Trace, policy: Policy, settings: Option<&str>) -> (u64, ReplayOutcome) {
+    let opts = ReplayOptions {
+        settings: settings.map(str::to_owned),
+        ..ReplayOptions::default()
+    };
+    let (cap, out) = min_capacity(trace, policy, &opts, 256 << 20, 2 << 20)
+        .unwrap()
+        .expect("fits in 256 MiB");
+    (cap as u64 / MIB, out)
+}
+
+/// On a 40 MiB device the three traces begin alike, and each needs its first growth mapped
+/// another way: T2 (with goal 3's calls) all 40 MiB in at most two handles, T1 (goal 1) those two
+/// handles 22 + 18 MiB, T3 (goal 1) 20 + 20. No allocator has them both ways.
+#[test]
+fn capacity_below_both_bars_and_calls_below_pytorch_expandable_conflict() {
+    let [t1, t2, t3] = three();
+    // The bars: min(classic, pytorch-expandable) is 40 MiB on each, the peak live 39-40 MiB.
+    let bar = |t: &Trace| {
+        let c = minimum(t, Policy::Classic, None).0;
+        let p = minimum(t, Policy::PytorchExpandable, None).0;
+        c.min(p)
+    };
+    for t in [&t1, &t2, &t3] {
+        assert_eq!(bar(t), 40, "{}", t.name);
+    }
+    assert_eq!(minimum(&t1, Policy::Classic, None).0, 40);
+    let (pt2, pt2_out) = minimum(&t2, Policy::PytorchExpandable, None);
+    assert_eq!((pt2, pt2_out.driver_calls), (40, 7));
+    assert_eq!(minimum(&t3, Policy::PytorchExpandable, None).0, 40);
+    // Ours keeps PyTorch's pages and calls: T2 and T3 in 40 MiB, T1 not (its 18 MiB finds the
+    // second page pinned by the 21 MiB block's last MiB).
+    let ours = |t: &Trace, s| minimum(t, Policy::Expandable, s);
+    assert_eq!(ours(&t2, None).0, 40);
+    assert_eq!(ours(&t2, None).1.driver_calls, 7);
+    assert_eq!(ours(&t3, None).0, 40);
+    assert!(ours(&t1, None).0 > 40);
+    // 2 MiB pages meet goal 1 on all three, at more than six times PyTorch's calls on T2.
+    let fine = Some("large_page_mb:2");
+    for t in [&t1, &t2, &t3] {
+        assert_eq!(ours(t, fine).0, 40, "{}", t.name);
+    }
+    assert!(ours(&t2, fine).1.driver_calls > 6 * 7);
+    // 22 MiB pages: T1 in 40 MiB, but T2 with 8 calls and T3 not in 40.
+    let wide = Some("large_page_mb:22");
+    assert_eq!(ours(&t1, wide).0, 40);
+    assert_eq!(ours(&t2, wide).1.driver_calls, 8);
+    assert!(ours(&t3, wide).0 > 40);
 }
