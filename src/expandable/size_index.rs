@@ -277,6 +277,7 @@ impl Indexes {
     pub(crate) fn clear(&mut self) {
         self.all.clear();
         self.beyond.clear();
+        self.large = 0;
     }
 }
 
