@@ -134,8 +134,16 @@ pub const SEVERAL_STREAMS_SETTING: &str = "give_back_before_foreign_sync:true";
 /// `expandable/growth.rs`): 2 MiB pages for what is mapped past 85 % of it.
 pub const NEAR_FULL_SETTING: &str = "fine_pages_above:0.85";
 
-/// The sweep for `trace`: [`candidates`], ours with [`NEAR_FULL_SETTING`], and, when the trace
-/// allocates on more than one stream, ours with [`SEVERAL_STREAMS_SETTING`] and with both.
+/// Ours' setting for the smallest device a program can run on, whatever the driver calls: every
+/// large-pool page 2 MiB (the granularity) instead of 20, so that no page holds free bytes a
+/// live block pins beyond one granule, at about 8 × PyTorch's expandable policy's driver calls
+/// while memory grows (POLICY.md, "The other side of the conflict: 2 MiB pages"). Tried last on
+/// every trace, so it is recommended only where no cheaper configuration fits.
+pub const SMALLEST_SETTING: &str = "large_page_mb:2";
+
+/// The sweep for `trace`: [`candidates`], ours with [`NEAR_FULL_SETTING`], when the trace
+/// allocates on more than one stream ours with [`SEVERAL_STREAMS_SETTING`] and with both, and
+/// last ours with [`SMALLEST_SETTING`].
 pub fn candidates_for(trace: &Trace) -> Vec<Candidate> {
     let recorded = recorded_expandable(trace);
     let mut out = candidates();
@@ -163,6 +171,7 @@ pub fn candidates_for(trace: &Trace) -> Vec<Candidate> {
             "{NEAR_FULL_SETTING},{SEVERAL_STREAMS_SETTING}"
         )));
     }
+    out.push(ours(SMALLEST_SETTING.to_string()));
     out
 }
 

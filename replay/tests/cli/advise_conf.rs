@@ -229,16 +229,11 @@ fn advise_recommends_the_smallest_change_that_fits() {
 fn advise_after_a_recording_with_expandable_segments_counts_classic_as_the_change() {
     use vmm_replay::advise::{candidates_for, recorded_expandable};
     use vmm_replay::replay::Policy;
-    let alloc = |id, size| Event::Alloc {
-        id,
-        size,
-        stream: 0,
-    };
     let events = vec![
-        alloc(0, 100 * MIB),
+        on_default_stream(0, 100 * MIB),
         Event::Free { id: 0 },
-        alloc(1, 30 * MIB),
-        alloc(2, 100 * MIB),
+        on_default_stream(1, 30 * MIB),
+        on_default_stream(2, 100 * MIB),
     ];
     let mut trace = Trace::from_events("split-expandable", events);
     trace.alloc_conf = Some("expandable_segments:True".into());
@@ -344,19 +339,19 @@ fn advise_tries_fine_pages_everywhere_and_the_several_streams_setting_only_with_
     let single = candidates_for(&one);
     assert_eq!(
         single.len(),
-        candidates().len() + 1,
-        "one stream: fine pages only"
+        candidates().len() + 2,
+        "one stream: fine pages and 2 MiB pages only"
     );
     assert_eq!(near_full(&single), 1);
     let list = candidates_for(&two);
-    assert_eq!(list.len(), candidates().len() + 3);
+    assert_eq!(list.len(), candidates().len() + 4);
     assert_eq!(near_full(&list), 1);
-    let both = list.last().unwrap();
+    let both = &list[list.len() - 2];
     assert_eq!(
         both.name(),
         "vmm-alloc (ours) fine_pages_above:0.85,give_back_before_foreign_sync:true"
     );
-    let extra = &list[list.len() - 2];
+    let extra = &list[list.len() - 3];
     assert_eq!(extra.policy, Policy::Expandable);
     assert_eq!(extra.change.as_deref(), Some(SEVERAL_STREAMS_SETTING));
     assert_eq!(
@@ -375,4 +370,76 @@ fn advise_tries_fine_pages_everywhere_and_the_several_streams_setting_only_with_
     assert_eq!(plain.at_capacity.alloc_retries, 0);
     assert_eq!(given.at_capacity.alloc_retries, 1);
     assert_eq!(given.at_capacity.settings, SEVERAL_STREAMS_SETTING);
+}
+
+/// An allocation of `size` bytes on the default stream.
+fn on_default_stream(id: u64, size: u64) -> Event {
+    Event::Alloc {
+        id,
+        size,
+        stream: 0,
+    }
+}
+
+/// One stream: an 18 MiB block, a 2 MiB one after it, the first freed, then 20 MiB. With 20 MiB
+/// pages the 2 MiB block pins the page the freed 18 MiB lie in, so the 20 MiB need a second
+/// page: 40 MiB. Classic gives the 2 MiB request a 20 MiB segment of its own: 40 MiB too.
+fn pinned_page_trace() -> Trace {
+    let events = vec![
+        on_default_stream(0, 18 * MIB),
+        on_default_stream(1, 2 * MIB),
+        Event::Free { id: 0 },
+        on_default_stream(2, 20 * MIB),
+    ];
+    Trace::from_events("pinned-page", events)
+}
+
+#[test]
+fn advise_tries_two_mib_pages_last_and_recommends_them_only_where_nothing_cheaper_fits() {
+    use vmm_replay::advise::{candidates_for, evaluate, recommend, SMALLEST_SETTING};
+    use vmm_replay::replay::Policy;
+    let trace = pinned_page_trace();
+    let list = candidates_for(&trace);
+    let last = list.last().unwrap();
+    assert_eq!(last.policy, Policy::Expandable);
+    assert_eq!(last.change.as_deref(), Some(SMALLEST_SETTING));
+    assert_eq!(last.name(), "vmm-alloc (ours) large_page_mb:2");
+    let sweep = |capacity: u64| -> Vec<_> {
+        list.iter()
+            .map(|c| evaluate(&trace, c, capacity as usize).unwrap())
+            .collect()
+    };
+    // On 24 MiB only 2 MiB pages fit: the freed 18 MiB are nine whole pages, eight of them
+    // mapped again after the 2 MiB block's page, with two new ones, for the 20 MiB. Its
+    // minimum is the peak live (22 MiB), where every other configuration needs 40 MiB, and it
+    // pays in driver calls.
+    let tight = sweep(24 * MIB);
+    let fitting: Vec<String> = tight
+        .iter()
+        .filter(|v| v.fits())
+        .map(|v| v.candidate.name())
+        .collect();
+    assert_eq!(fitting, ["vmm-alloc (ours) large_page_mb:2"]);
+    let small = tight.last().unwrap();
+    assert_eq!(small.min_capacity, Some(22 * MIB));
+    let ours = tight
+        .iter()
+        .find(|v| v.candidate.policy == Policy::Expandable && v.candidate.change.is_none())
+        .unwrap();
+    assert_eq!(ours.min_capacity, Some(40 * MIB));
+    assert!(small.at_capacity.driver_calls > ours.at_capacity.driver_calls);
+    let advice = recommend(&trace, 24 * MIB, &tight);
+    assert!(
+        advice.contains("export VMM_ALLOC_CONF=large_page_mb:2"),
+        "{advice}"
+    );
+    // On 40 MiB ours' defaults fit, and nothing of ours is recommended before PyTorch's own
+    // settings; 2 MiB pages are never what a roomier device is told to use.
+    let roomy = sweep(40 * MIB);
+    assert!(roomy
+        .iter()
+        .filter(|v| v.candidate.policy == Policy::Expandable)
+        .all(|v| v.fits()));
+    let advice = recommend(&trace, 40 * MIB, &roomy);
+    assert!(!advice.contains("large_page_mb"), "{advice}");
 }
