@@ -191,7 +191,7 @@ run_bundle() {
     # The expandable policies depend on no address, so their replays on the device and on a Sim of
     # it must agree (classic's may not: the driver orders reservations otherwise).
     local differ
-    differ="$(grep -E '^sim-check (expandable|pytorch-expandable) .*: DIFFERENT$' "$log")"
+    differ="$(grep -E '^sim-check (expandable|pytorch-expandable|expandable-2MiB-pages) .*: DIFFERENT$' "$log")"
     if ((rc == 0)) && [[ -n "$differ" ]]; then
         record "GPU benches" FAIL "the Sim predicted other figures than the device: $(tr '\n' ';' <<<"$differ") see logs/gpu_bench.log" "$log"
     elif ((rc == 0)) && ! grep -q 'SKIPPED' "$log"; then
