@@ -388,11 +388,25 @@ pub fn recommend(trace: &Trace, capacity: u64, verdicts: &[Verdict]) -> String {
         let conf = v.candidate.change.as_deref().map_or(String::new(), |c| {
             format!("    export VMM_ALLOC_CONF={c}   # in the shell that starts the program\n")
         });
-        return format!(
+        let mut advice = format!(
             "no PYTORCH_CUDA_ALLOC_CONF setting fits in {cap}; {} does (peak reserved {}): switch to it, before the first CUDA allocation:\n\n{conf}    import vmm_alloc\n    vmm_alloc.install()\n",
             v.candidate.name(),
             human_bytes(v.at_capacity.peak_reserved_bytes)
         );
+        if v.candidate.change.as_deref() == Some(SMALLEST_SETTING) {
+            // The smallest footprint's price, said where it is recommended: a page costs the
+            // driver about the same whatever its size (GPU.md).
+            let defaults = verdicts
+                .iter()
+                .find(|d| d.candidate.policy == Policy::Expandable && d.candidate.change.is_none());
+            if let Some(d) = defaults {
+                advice.push_str(&format!(
+                    "\n2 MiB pages cost driver calls: {} in this run against {} with vmm-alloc's defaults (each page is mapped on its own, so growing takes longer)\n",
+                    v.at_capacity.driver_calls, d.at_capacity.driver_calls
+                ));
+            }
+        }
+        return advice;
     }
     let (at, live, held) = peak_live_moment(trace, 5);
     let list: Vec<String> = held

@@ -433,6 +433,12 @@ fn advise_tries_two_mib_pages_last_and_recommends_them_only_where_nothing_cheape
         advice.contains("export VMM_ALLOC_CONF=large_page_mb:2"),
         "{advice}"
     );
+    // ... and says what it costs.
+    let price = format!(
+        "2 MiB pages cost driver calls: {} in this run against {} with vmm-alloc's defaults",
+        small.at_capacity.driver_calls, ours.at_capacity.driver_calls
+    );
+    assert!(advice.contains(&price), "{advice}");
     // On 40 MiB ours' defaults fit, and nothing of ours is recommended before PyTorch's own
     // settings; 2 MiB pages are never what a roomier device is told to use.
     let roomy = sweep(40 * MIB);
