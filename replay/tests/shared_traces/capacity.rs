@@ -1,7 +1,9 @@
 //! Issue 19's comparison, kept honest: on every shared trace, our expandable policy must not
 //! need more device capacity than either of PyTorch's policies (its classic caching allocator and
 //! its expandable segments with PyTorch's defaults), measured as `vmm-replay --min-capacity` does
-//! (bisection to 2 MiB at 80 GiB's settings). The per-trace table prints with
+//! (bisection to 2 MiB at 80 GiB's settings); and ours with 2 MiB pages (`large_page_mb:2`, the
+//! other side of the goal-1/goal-3 conflict) must not either, but on the listed trace. The
+//! per-trace table prints with
 //! `cargo test --release --test shared_traces capacity -- --nocapture`.
 
 use libtest_mimic::{Completion, Failed};
@@ -44,13 +46,26 @@ const CLASSIC_STILL_WINS: &[(&str, usize, usize)] = &[
     ("nca2d-wholeslide-inference", 15548, 15534),
 ];
 
+/// The other side of the goal-1/goal-3 conflict (POLICY.md, "The other side of the conflict: 2
+/// MiB pages"): ours with `large_page_mb:2` needs no more than classic on any shared trace, nor
+/// more than pytorch-expandable but on these (ours with 2 MiB pages, pytorch-expandable, in MiB,
+/// measured 2026-11-28), by at most that much.
+const TWO_MIB_PAGES_STILL_LOSE: &[(&str, usize, usize)] = &[("cs336-forward-bf16-b", 41890, 41874)];
+
+/// Ours' setting for the smallest footprint, as `vmm-replay advise` tries it.
+const TWO_MIB_PAGES: &str = "large_page_mb:2";
+
 fn ours_never_needs_more_than_either_pytorch_policy(shared: &Shared) -> Result<Completion, Failed> {
     let files = shared.pickles("traces/pytorch")?;
     let opts = ReplayOptions::default();
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    let two_mib = ReplayOptions {
+        settings: Some(TWO_MIB_PAGES.to_string()),
+        ..ReplayOptions::default()
+    };
     eprintln!(
-        "{:<34} {:>12} {:>12} {:>12} {:>12}",
-        "trace (MiB)", "peak live", "classic", "pytorch-exp", "ours"
+        "{:<34} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "trace (MiB)", "peak live", "classic", "pytorch-exp", "ours", "ours 2 MiB"
     );
     let (mut checked, mut losses) = (0, Vec::new());
     for f in files {
@@ -69,14 +84,32 @@ fn ours_never_needs_more_than_either_pytorch_policy(shared: &Shared) -> Result<C
                     .0;
             }
             let [classic, pytorch, ours] = min;
+            let fine = min_capacity(trace, Policy::Expandable, &two_mib, 1 << 40, STEP)
+                .map_err(|e| format!("{stem}: {e}"))?
+                .ok_or_else(|| format!("{}: {TWO_MIB_PAGES} does not fit", trace.name))?
+                .0;
             eprintln!(
-                "{:<34} {:>12.0} {:>12.0} {:>12.0} {:>12.0}",
+                "{:<34} {:>12.0} {:>12.0} {:>12.0} {:>12.0} {:>12.0}",
                 trace.name,
                 mib(trace.peak_live_bytes() as usize),
                 mib(classic),
                 mib(pytorch),
-                mib(ours)
+                mib(ours),
+                mib(fine)
             );
+            let fine_allowed = TWO_MIB_PAGES_STILL_LOSE
+                .iter()
+                .find(|k| trace.name.starts_with(k.0))
+                .map_or(0.0, |&(_, then, theirs)| (then - theirs) as f64);
+            if fine > classic || mib(fine) - mib(pytorch) > fine_allowed {
+                losses.push(format!(
+                    "{}: ours with {TWO_MIB_PAGES} {:.0} MiB, classic {:.0}, pytorch-expandable {:.0}",
+                    trace.name,
+                    mib(fine),
+                    mib(classic),
+                    mib(pytorch)
+                ));
+            }
             let known = CLASSIC_STILL_WINS
                 .iter()
                 .find(|k| trace.name.starts_with(k.0));
