@@ -136,7 +136,7 @@ pub const NEAR_FULL_SETTING: &str = "fine_pages_above:0.85";
 
 /// Ours' setting for the smallest device a program can run on, whatever the driver calls: every
 /// large-pool page 2 MiB (the granularity) instead of 20, so that no page holds free bytes a
-/// live block pins beyond one granule, at about 8 × PyTorch's expandable policy's driver calls
+/// live block pins beyond one granule, at 2–9 × PyTorch's expandable policy's driver calls
 /// while memory grows (POLICY.md, "The other side of the conflict: 2 MiB pages"). Tried last on
 /// every trace, so it is recommended only where no cheaper configuration fits.
 pub const SMALLEST_SETTING: &str = "large_page_mb:2";
