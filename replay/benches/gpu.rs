@@ -79,6 +79,7 @@ mod cuda {
         AllocError, Allocation, Allocator, ClassicAllocator, CudaBackend, CudaMemory,
         ExpandableAllocator, SimBackend, StreamId,
     };
+    use vmm_replay::advise::SMALLEST_SETTING;
     use vmm_replay::replay::Policy;
     use vmm_replay::{workloads, Event, Trace};
 
@@ -123,7 +124,7 @@ mod cuda {
         },
         Contender {
             policy: Policy::Expandable,
-            settings: Some("large_page_mb:2"),
+            settings: Some(SMALLEST_SETTING),
             name: "expandable-2MiB-pages",
         },
     ];

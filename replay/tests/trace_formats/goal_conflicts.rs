@@ -24,6 +24,7 @@
 //! mapped again).
 
 use super::*;
+use vmm_replay::advise::SMALLEST_SETTING;
 use vmm_replay::replay::{min_capacity, replay, Policy, ReplayOptions, ReplayOutcome};
 
 const MIB: u64 = 1 << 20;
@@ -103,16 +104,26 @@ fn three() -> [Trace; 3] {
     ]
 }
 
-/// The smallest capacity (2 MiB steps) on which `trace` replays without an OOM, and the replay
-/// there.
+/// The smallest capacity in MiB (2 MiB steps, bisected from 256 MiB) on which `trace` replays
+/// without an OOM, and the replay there.
 fn minimum(trace: &Trace, policy: Policy, settings: Option<&str>) -> (u64, ReplayOutcome) {
+    minimum_below(trace, policy, settings, 256 << 20)
+}
+
+/// [`minimum`], bisected from `upper` bytes.
+fn minimum_below(
+    trace: &Trace,
+    policy: Policy,
+    settings: Option<&str>,
+    upper: usize,
+) -> (u64, ReplayOutcome) {
     let opts = ReplayOptions {
         settings: settings.map(str::to_owned),
         ..ReplayOptions::default()
     };
-    let (cap, out) = min_capacity(trace, policy, &opts, 256 << 20, 2 << 20)
+    let (cap, out) = min_capacity(trace, policy, &opts, upper, 2 << 20)
         .unwrap()
-        .expect("fits in 256 MiB");
+        .unwrap_or_else(|| panic!("{} fits in {upper} B", trace.name));
     (cap as u64 / MIB, out)
 }
 
@@ -144,7 +155,7 @@ fn capacity_below_both_bars_and_calls_below_pytorch_expandable_conflict() {
     assert_eq!(ours(&t3, None).0, 40);
     assert!(ours(&t1, None).0 > 40);
     // 2 MiB pages meet goal 1 on all three, at more than six times PyTorch's calls on T2.
-    let fine = Some("large_page_mb:2");
+    let fine = Some(SMALLEST_SETTING);
     for t in [&t1, &t2, &t3] {
         assert_eq!(ours(t, fine).0, 40, "{}", t.name);
     }
@@ -173,26 +184,13 @@ fn two_mib_pages_fit_where_the_defaults_lose_and_pay_in_driver_calls() {
     ];
     for (name, seed) in cases {
         let trace = workloads::by_name(name, seed, 0, 0).unwrap();
-        let at = |policy, settings| {
-            let opts = ReplayOptions {
-                settings,
-                ..ReplayOptions::default()
-            };
-            min_capacity(&trace, policy, &opts, 32 << 30, 2 << 20)
-                .unwrap()
-                .expect("fits in 32 GiB")
-        };
+        let at = |policy, settings| minimum_below(&trace, policy, settings, 32 << 30);
         let (classic, _) = at(Policy::Classic, None);
         let (theirs, at_theirs) = at(Policy::PytorchExpandable, None);
-        let (fine, at_fine) = at(Policy::Expandable, Some("large_page_mb:2".to_owned()));
+        let (fine, at_fine) = at(Policy::Expandable, Some(SMALLEST_SETTING));
         eprintln!(
-            "{}: 2 MiB pages {} MiB ({} calls), pytorch-expandable {} ({}), classic {}",
-            trace.name,
-            fine as u64 / MIB,
-            at_fine.driver_calls,
-            theirs as u64 / MIB,
-            at_theirs.driver_calls,
-            classic as u64 / MIB
+            "{}: 2 MiB pages {fine} MiB ({} calls), pytorch-expandable {theirs} ({}), classic {classic}",
+            trace.name, at_fine.driver_calls, at_theirs.driver_calls,
         );
         assert!(fine <= theirs.min(classic), "{}", trace.name);
         assert!(
