@@ -20,7 +20,8 @@ pub enum FrontCacheMode {
     /// Never: every call takes the allocator's lock (settings: `front_cache:false`).
     Off,
     /// Once threads freeing blocks have found the allocator's lock taken a number of times, and
-    /// until the stashes serve fewer than half of the allocations (settings: `front_cache:auto`).
+    /// until the stashes and arenas serve fewer than half of the allocations (settings:
+    /// `front_cache:auto`).
     /// One thread never engages it. The default.
     OnContention,
     /// From the first call, whatever it serves (settings: `front_cache:true`).
@@ -124,7 +125,9 @@ pub struct ExpandableConfig {
     /// A per-stream front cache (Note \[Front cache\] in `expandable/front/mod.rs`): a block freed
     /// with [`Allocator::deallocate`](crate::Allocator::deallocate) is stashed on its stream, and
     /// an allocation on that stream of the same size takes it back, neither taking the
-    /// allocator's lock, so threads on different streams scale. Statistics stay exact; which
+    /// allocator's lock; an allocation of another size is carved from a free range of its
+    /// stream that the last call under the lock lent (Note \[Front arena\] in
+    /// `expandable/front/arena.rs`); so threads on different streams scale. Statistics stay exact; which
     /// block a request gets, and so how memory fragments, can differ. Default
     /// [`FrontCacheMode::OnContention`]: off until threads contend for the allocator's lock,
     /// and off again while it serves too few requests (Note \[Engage on contention\] in

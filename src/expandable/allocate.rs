@@ -78,6 +78,36 @@ impl<B: Backend> State<B> {
         })
     }
 
+    /// Records block `[at, at + rounded)` for a request of `requested`, carved out of free piece
+    /// `free` of index slot `slot` (the block counts in `pool`): an allocation a front arena
+    /// made without the lock, told to the core when the arena is settled (Note [Front arena] in
+    /// `front/arena.rs`). Returns the free piece after the block, if the range goes on past it.
+    pub(crate) fn allocate_at(
+        &mut self,
+        slot: u32,
+        free: PieceId,
+        at: u64,
+        (rounded, requested): (usize, usize),
+        pool: PoolKind,
+    ) -> Option<PieceId> {
+        let end = self.pieces.get(free).end();
+        let piece = self.take_at(slot, free, at, rounded);
+        self.live.insert(
+            at,
+            Block {
+                piece,
+                slot,
+                requested,
+                uses: StreamUses::default(),
+            },
+        );
+        self.recent_frees.forget(at);
+        // Note [Last free]: an allocation forgets it, and this one may have split its piece.
+        self.last_free = None;
+        self.stats.count_allocated(pool, rounded, requested);
+        (at + (rounded as u64) < end).then_some(free)
+    }
+
     /// Whether `allocate` would serve a request of `rounded` bytes of `pool` on `stream` from a
     /// free range of the stream's own segment: no growth, no borrowing (the front cache's slow
     /// allocation then leaves its stash alone: Note [Front cache]). A check before `allocate`

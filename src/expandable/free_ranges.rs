@@ -34,6 +34,27 @@ impl<B: Backend> State<B> {
         used
     }
 
+    /// Carves `[at, at + take)` out of free piece `id` (indexed in `slot`), which holds it: the
+    /// free bytes before it become a free piece of their own, `id` keeps those after it (or
+    /// becomes the used piece, if none are). Returns the used piece. What settling a front
+    /// arena does for each block it carved (Note [Front arena] in `front/arena.rs`).
+    pub(crate) fn take_at(&mut self, slot: u32, id: PieceId, at: u64, take: usize) -> PieceId {
+        let old = self.entry(id);
+        debug_assert!(
+            old.start <= at && at + take as u64 <= old.start + old.len as u64,
+            "a block carved outside its free range"
+        );
+        if at > old.start {
+            self.releasable.touch(slot);
+            let before = (at - old.start) as usize;
+            let front = self.pieces.split_front(id, at);
+            let ix = self.index.at_mut(slot);
+            ix.replace(old, FreeRange::new(old.len - before, at, id));
+            ix.insert(FreeRange::new(before, old.start, front));
+        }
+        self.take_front(slot, id, take)
+    }
+
     /// Makes piece `id` (a block's, or a gap just mapped) free, merged with the free pieces
     /// around it; returns the merged piece. What every free does: no lookup, the neighbours are
     /// linked (Note [Pieces]).

@@ -11,7 +11,8 @@
 //! Threads: one state behind one lock, and in front of it a per-stream front cache
 //! ([`ExpandableConfig::front_cache`]) that serves a free and an identical allocation on one
 //! stream without that lock (Note \[Front cache\] in `front/mod.rs`, Note \[Front allowance\] in
-//! `front/allowance.rs`). By default it engages only once threads contend for the lock, and
+//! `front/allowance.rs`), and an allocation of any size from a free range of its stream lent by
+//! the last call that took the lock (Note \[Front arena\] in `front/arena.rs`). By default it engages only once threads contend for the lock, and
 //! disengages while it serves too few requests (Note \[Engage on contention\] in
 //! `front/engage.rs`).
 

@@ -172,6 +172,20 @@ impl SizeIndex {
         }
     }
 
+    /// The longest range (highest address among equals): what the front arena lends (Note
+    /// [Front arena] in `front/arena.rs`). The highest non-empty class, then the hot slot.
+    pub(crate) fn largest(&self) -> Option<FreeRange> {
+        let binned = (0..WORDS).rev().find_map(|w| {
+            let bits = self.nonempty[w];
+            (bits != 0).then(|| w * 64 + 63 - bits.leading_zeros() as usize)
+        });
+        let binned = binned.and_then(|c| self.bins[c].last());
+        match (binned, self.hot) {
+            (Some(b), Some(h)) => Some(b.max(h)),
+            (b, h) => b.or(h),
+        }
+    }
+
     /// [`best_fit`](Self::best_fit) among the binned ranges.
     #[inline]
     fn best_fit_in_bins(&self, len: usize) -> Option<FreeRange> {
@@ -267,6 +281,11 @@ impl Indexes {
     #[inline]
     pub(crate) fn at_mut(&mut self, slot: u32) -> &mut SizeIndex {
         &mut self.all[slot as usize].1
+    }
+
+    /// How many slots there are (every slot below it is one's).
+    pub(crate) fn slots(&self) -> usize {
+        self.all.len()
     }
 
     /// How many ranges all indexes hold.
@@ -391,6 +410,7 @@ mod tests {
                 );
             }
             assert!(ix.contains(range) == set.contains(&range));
+            assert_eq!(ix.largest(), set.last().copied(), "step {step}, largest");
         }
         let mut all: Vec<FreeRange> = ix.iter().collect();
         all.sort_unstable();

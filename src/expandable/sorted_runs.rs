@@ -186,6 +186,15 @@ impl<T: Ord + Copy> SortedRuns<T> {
         self.lasts.last().copied().filter(|_| self.len > 0)
     }
 
+    /// The largest entry: the first of the first run (runs are in descending order).
+    pub(crate) fn last(&self) -> Option<T> {
+        self.runs
+            .first()
+            .and_then(|r| r.first())
+            .copied()
+            .filter(|_| self.len > 0)
+    }
+
     /// Replaces `old` by `new` where it stands, if `new` sorts to the same place: true if done,
     /// false (nothing changed) if `old` is absent or `new` belongs elsewhere.
     #[inline]

@@ -141,6 +141,13 @@ pub enum InvariantViolation {
         /// The block concerned, if one is.
         at: Option<DevAddr>,
     },
+    /// A shard's front arena disagrees with the core (Note \[Front arena\] in
+    /// `expandable/front/arena.rs`): its lent range is not a free range of its stream's index,
+    /// or its free parts and carved blocks do not tile that range exactly.
+    FrontArena {
+        /// The lent range's start.
+        at: DevAddr,
+    },
     /// A pool's allocated bytes exceed its reserved bytes.
     AllocatedAboveReserved {
         /// The pool.
@@ -221,7 +228,11 @@ impl fmt::Display for InvariantViolation {
             ),
             V::FrontEngagement { at: None } => write!(
                 f,
-                "front cache engagement: a disengaged cache holds an allowance"
+                "front cache engagement: a disengaged cache holds an allowance or an arena"
+            ),
+            V::FrontArena { at } => write!(
+                f,
+                "a front arena's lent range is a free range of its stream, tiled exactly by its free parts and carved blocks: the one at {at} is not"
             ),
             V::FrontAllowance => write!(
                 f,

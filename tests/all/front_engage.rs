@@ -211,24 +211,44 @@ fn contended_frees_engage_it_and_a_recurring_ring_keeps_it() {
     a.check_invariants().unwrap();
 }
 
-/// Sizes that never come back within the stash's reach: after a window mostly missed, the
-/// cache disengages, gives its stash back (the statistics match the allocator without it),
-/// and waits for four times as many contended frees before it engages again.
+/// Steps of sixteen streams' rings taken in turn (stream `3 + step % 16` frees its oldest block
+/// and allocates `sizes(step)`): each shard of the front cache sees four streams, the one just
+/// served never next, so no request finds its stream's arena (Note [Front arena]), and sizes
+/// that do not recur never find a stashed block either.
+fn many_stream_steps(
+    alloc: &ExpandableAllocator<SimBackend>,
+    rings: &mut [Vec<Allocation>],
+    steps: std::ops::Range<usize>,
+    sizes: impl Fn(usize) -> usize,
+) {
+    for step in steps {
+        let k = step % rings.len();
+        let s = StreamId::sim(3 + k as u64);
+        if rings[k].len() >= 4 {
+            alloc.deallocate(rings[k].remove(0)).unwrap();
+        }
+        rings[k].push(alloc.allocate(sizes(step), s).unwrap());
+    }
+}
+
+/// Requests the stashes and the arenas cannot serve: after a window mostly missed, the cache
+/// disengages, gives its stash back (the statistics match the allocator without it), and waits
+/// for four times as many contended frees before it engages again.
 #[test]
 fn a_cache_that_serves_too_few_disengages_and_waits_longer_next_time() {
     let a = alloc(FrontCacheMode::OnContention);
     let off = alloc(FrontCacheMode::Off);
-    let mut rs = rings(&a);
-    let mut rs_off = rings(&off);
+    let mut rs: Vec<Vec<Allocation>> = (0..16).map(|_| Vec::new()).collect();
+    let mut rs_off: Vec<Vec<Allocation>> = (0..16).map(|_| Vec::new()).collect();
     let first = contend_until_engaged(&a, 1000);
     assert!(first <= 1000);
     for _ in 0..first {
         let b = off.allocate(4096, S2).unwrap();
         off.deallocate(b).unwrap();
     }
-    let varied = |i: usize| (i % 97 + 1) * 40_000;
-    ring_steps(&a, &mut rs, 0..5000, varied);
-    ring_steps(&off, &mut rs_off, 0..5000, varied);
+    let varied = |i: usize| (i % 97 + 1) * 4_000;
+    many_stream_steps(&a, &mut rs, 0..5000, varied);
+    many_stream_steps(&off, &mut rs_off, 0..5000, varied);
     assert!(
         !a.front_engaged(),
         "a cache missing every request stayed engaged"

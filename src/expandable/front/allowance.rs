@@ -160,10 +160,12 @@ pub(crate) fn raise_peaks(stats: &mut MemoryStats, stashed: &Scoped) {
     }
 }
 
-/// Per scope, how far what a user reads may rise before some peak must: for the counts and the
-/// bytes the smaller of the allocated and active counters' room (a stashed block is counted in
-/// both). `None` when a user already reads more than a peak (a broken invariant).
-pub(crate) fn headroom(stats: &MemoryStats, stashed: &Scoped) -> Option<Scoped> {
+/// Per scope, how far what a user reads (the core's `current`, less what is `stashed`, plus what
+/// the arenas `carved`: Note [Front arena] in `arena.rs`) may rise before some peak must: for
+/// the counts and the bytes the smaller of the allocated and active counters' room (a stashed
+/// block is counted in both). `None` when a user already reads more than a peak (a broken
+/// invariant).
+pub(crate) fn headroom(stats: &MemoryStats, stashed: &Scoped, carved: &Scoped) -> Option<Scoped> {
     let arrays = [
         &stats.allocation,
         &stats.active,
@@ -172,15 +174,18 @@ pub(crate) fn headroom(stats: &MemoryStats, stashed: &Scoped) -> Option<Scoped> 
         &stats.requested_bytes,
     ];
     let mut room = [Amount::default(); 3];
-    for (scope, (r, amount)) in room.iter_mut().zip(&stashed.0).enumerate() {
-        let of = |array: &StatArray, stashed: u64| -> Option<u64> {
+    for (scope, ((r, amount), carved)) in room.iter_mut().zip(&stashed.0).zip(&carved.0).enumerate()
+    {
+        let of = |array: &StatArray, stashed: u64, carved: u64| -> Option<u64> {
             let stat = [&array.all, &array.small_pool, &array.large_pool][scope];
-            stat.peak.checked_sub(stat.current.checked_sub(stashed)?)
+            stat.peak
+                .checked_sub(stat.current.checked_sub(stashed)?.checked_add(carved)?)
         };
+        let (c, b) = (carved.count, carved.bytes);
         *r = Amount {
-            count: of(arrays[0], amount.count)?.min(of(arrays[1], amount.count)?),
-            bytes: of(arrays[2], amount.bytes)?.min(of(arrays[3], amount.bytes)?),
-            requested: of(arrays[4], amount.requested)?,
+            count: of(arrays[0], amount.count, c)?.min(of(arrays[1], amount.count, c)?),
+            bytes: of(arrays[2], amount.bytes, b)?.min(of(arrays[3], amount.bytes, b)?),
+            requested: of(arrays[4], amount.requested, carved.requested)?,
         };
     }
     Some(Scoped(room))
@@ -201,6 +206,22 @@ pub(crate) fn share(headroom: &Scoped, total: &Scoped, stash: &Scoped) -> Scoped
                 *out.0[scope].figure_mut(figure) =
                     (u128::from(room) * u128::from(want) / u128::from(all)) as u64;
             }
+        }
+    }
+    out
+}
+
+/// What is left of `headroom` once `given` is handed out, split in `n` equal shares (each
+/// floored: `n` of them never sum past what is left): each arena's allowance (Note [Front
+/// arena] in `arena.rs`).
+pub(crate) fn rest(headroom: &Scoped, given: &Scoped, n: u64) -> Scoped {
+    let mut out = Scoped::default();
+    for scope in 0..3 {
+        for figure in 0..3 {
+            let left = headroom.0[scope]
+                .figure(figure)
+                .saturating_sub(given.0[scope].figure(figure));
+            *out.0[scope].figure_mut(figure) = left / n.max(1);
         }
     }
     out
@@ -276,7 +297,7 @@ mod tests {
         // One block of 100 bytes (90 requested) stashed: a user reads one block less.
         let mut stashed = Scoped::default();
         stashed.add(PoolKind::Large, &Amount::block(100, 90));
-        let room = headroom(&s, &stashed).unwrap();
+        let room = headroom(&s, &stashed, &Scoped::default()).unwrap();
         let want = Amount {
             count: 2,
             bytes: 200,

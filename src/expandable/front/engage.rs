@@ -5,10 +5,10 @@
 //! Threads must contend for the allocator's lock: one thread gains nothing from skipping a lock
 //! nobody else wants, and the stash changes which blocks a request gets, which on the 23 shared
 //! traces (one thread each) costs 0.08 GiB of minimum capacity summed and puts 4 of them above
-//! pytorch-expandable. And the stash must serve most allocations: a request it misses takes
-//! the slow path, which costs about twice the default allocator's (every shard's lock, the
-//! stash's ageing, the allowances: `threads-varied` in BENCHMARKS.md, 0.5× the default's
-//! throughput). So with [`FrontCacheMode::OnContention`], the default:
+//! pytorch-expandable. And the stashes and arenas must serve most allocations: a request they
+//! miss takes the slow path, which costs about twice the default allocator's (every shard's
+//! lock, the stash's ageing, settling and lending the arenas, the allowances). So with
+//! [`FrontCacheMode::OnContention`], the default:
 //!
 //! * The cache starts *disengaged*: every call takes the state's lock alone, as with the cache
 //!   off, and nothing is stashed. A free through `Allocator::deallocate` (the only free the
@@ -18,10 +18,12 @@
 //!   from the other pool) is named in its shard's `slow_only`, which an engaged cache keeps up
 //!   to date itself from then on (Note [Front cache]).
 //! * Engaged, every [`WINDOW`] allocations the slow path judges the last window: if the stashes
-//!   served fewer than half of them without the lock, the cache disengages (every stashed block
-//!   goes back to the core, `slow_only` is emptied) and the next engagement waits for four times
-//!   as many contended frees, up to [`ENGAGE_AFTER_MAX`], so a program whose sizes never recur
-//!   spends a vanishing share of its calls engaged.
+//!   served fewer than half of them without the lock (a stash take or a carve from an arena,
+//!   Note [Front arena] in `arena.rs`), the cache disengages (every stashed block goes back to
+//!   the core, every arena is settled, `slow_only` is emptied) and the next engagement waits for
+//!   four times as many contended frees, up to [`ENGAGE_AFTER_MAX`], so a program the front
+//!   cache cannot serve (requests spread over more streams than its shards follow, each of a
+//!   new size) spends a vanishing share of its calls engaged.
 //! * Whether it is engaged changes only under the state's lock and every shard's, so a call
 //!   holding either reads a settled answer; the lock-free read that chooses a path is a hint
 //!   each path checks again under its lock. A disengaged cache holds nothing: no stash, no
@@ -167,6 +169,8 @@ impl Engagement {
         flush(state, shards);
         for shard in shards.iter_mut() {
             shard.slow_only.clear();
+            // A disengaged cache lends no arena (Note [Front arena] in `arena.rs`).
+            shard.arena_want = None;
         }
         let next = self
             .engage_after
@@ -248,7 +252,10 @@ pub(crate) fn check<B: Backend>(
                     at: Some(DevAddr::new(addr)),
                 });
             }
-            if shard.allowance != Default::default() {
+            if shard.allowance != Default::default()
+                || shard.arena.is_some()
+                || shard.arena_want.is_some()
+            {
                 return Err(InvariantViolation::FrontEngagement { at: None });
             }
         }

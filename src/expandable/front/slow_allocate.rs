@@ -1,7 +1,9 @@
 //! The front cache's slow allocation: under every lock, an allocation that leaves the stashed
 //! blocks stashed where it can (Note [Front cache], Note [Front allowance]).
 
-use super::{after_allocate, allowance, flush, shard_of, stashed_total, AllShards, Engagement};
+use super::{
+    after_allocate, allowance, flush, settle, shard_of, stashed_total, AllShards, Engagement,
+};
 use crate::allocator::{Allocation, AllocatorId};
 use crate::backend::{Backend, StreamId};
 use crate::error::AllocError;
@@ -32,11 +34,17 @@ pub(crate) fn allocate<B: Backend>(
     stream: StreamId,
     owner: AllocatorId,
 ) -> Result<Allocation, AllocError> {
+    // Note [Front arena]: the core is looked at only with every arena settled.
+    settle(state, shards);
     let own = &mut shards[shard_of(stream)];
     own.slow_allocations += 1;
     own.window_slow = own.window_slow.saturating_add(1);
     if engagement.judge(state, shards) {
         return state.allocate(size, stream);
+    }
+    if let Ok(req) = Request::new(size, &state.config.roundup_power2_divisions) {
+        // What the slow call's end lends this shard an arena of.
+        shards[shard_of(stream)].arena_want = Some((stream, req.pool));
     }
     let events_due = !state.pending.is_empty() || state.deferred.has_events();
     if let (Ok(req), false) = (
