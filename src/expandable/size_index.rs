@@ -172,8 +172,30 @@ impl SizeIndex {
         }
     }
 
-    /// The longest range (highest address among equals): what the front arena lends (Note
-    /// [Front arena] in `front/arena.rs`). The highest non-empty class, then the hot slot.
+    /// At most `n` distinct ranges spread over the lengths, for a front arena to lend (Note
+    /// [Front arena] in `front/arena.rs`): the longest, the hot one, then the smallest of each
+    /// non-empty class from the highest down, so that best fit among them is, for most
+    /// requests, the best fit among all.
+    pub(crate) fn spread(&self, n: usize) -> Vec<FreeRange> {
+        let mut out: Vec<FreeRange> = self.largest().into_iter().chain(self.hot).collect();
+        for w in (0..WORDS).rev() {
+            let mut bits = self.nonempty[w];
+            while bits != 0 && out.len() < n {
+                let c = w * 64 + 63 - bits.leading_zeros() as usize;
+                bits &= !(1 << (c % 64));
+                if let Some(first) = self.bins[c].first() {
+                    out.push(first);
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out.truncate(n);
+        out
+    }
+
+    /// The longest range (highest address among equals). The highest non-empty class, then the
+    /// hot slot.
     pub(crate) fn largest(&self) -> Option<FreeRange> {
         let binned = (0..WORDS).rev().find_map(|w| {
             let bits = self.nonempty[w];

@@ -249,7 +249,6 @@ fn sizes_that_do_not_recur_are_carved_from_the_arena_without_the_lock() {
         (slow_when_warm, stats)
     };
     let ((slow_on, on), (_, off)) = (run(true), run(false));
-    eprintln!("slow when warm: {slow_on} of 1600");
     assert!(
         slow_on < 160,
         "{slow_on} of 1,600 warm requests took the lock"

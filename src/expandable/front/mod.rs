@@ -75,7 +75,7 @@ use arrayvec::ArrayVec;
 use rustc_hash::FxHashSet;
 
 use allowance::{Amount, Scoped};
-use arena::{Arena, GiveBack};
+use arena::{Arena, GiveBack, Lent, ARENA_RANGES};
 pub(crate) use engage::{Engagement, OtherCall};
 
 use crate::backend::{Backend, StreamId};
@@ -230,18 +230,22 @@ pub(crate) fn settle<B: Backend>(state: &mut State<B>, shards: &mut AllShards<'_
         let Some(arena) = shard.arena.take() else {
             continue;
         };
-        let mut free = Some(arena.piece);
-        for c in arena.carved_by_address() {
-            let piece = free.expect("the lent range holds every block carved from it");
-            free = state.allocate_at(arena.slot, piece, c.addr, (c.size, c.requested), arena.pool);
+        for (lent, carved) in arena.carved_by_range() {
+            let mut free = Some(lent.piece);
+            for c in carved {
+                let piece = free.expect("the lent range holds every block carved from it");
+                free =
+                    state.allocate_at(arena.slot, piece, c.addr, (c.size, c.requested), arena.pool);
+            }
         }
     }
     allowance::shift_current(&mut state.stats, &stashed, false);
 }
 
-/// Lends each shard that asked for one an arena (Note [Front arena]): the longest free range of
-/// the stream and pool of its last slow allocation. Every arena was settled by the slow call
-/// that now ends, so none is lent twice.
+/// Lends each shard that asked for one an arena (Note [Front arena]): free ranges of the stream
+/// and pool of its last slow allocation, the smallest of each size class from the longest down
+/// and the longest itself (`SizeIndex::spread`), so that best fit among them is most often the
+/// core's own. Every arena was settled by the slow call that now ends, so none is lent twice.
 fn lend_arenas<B: Backend>(state: &State<B>, shards: &mut AllShards<'_>) {
     for shard in shards.iter_mut() {
         let Some((stream, pool)) = shard.arena_want else {
@@ -251,9 +255,16 @@ fn lend_arenas<B: Backend>(state: &State<B>, shards: &mut AllShards<'_>) {
         let Some(slot) = state.index.find(StreamPool { stream, pool }) else {
             continue;
         };
-        if let Some(r) = state.index.at(slot).largest() {
-            shard.arena = Some(Arena::lend((stream, pool), slot, r.piece, r.start, r.len));
-        }
+        let ranges = state.index.at(slot).spread(ARENA_RANGES);
+        shard.arena = Arena::lend(
+            (stream, pool),
+            slot,
+            ranges.into_iter().map(|r| Lent {
+                piece: r.piece,
+                start: r.start,
+                len: r.len,
+            }),
+        );
     }
 }
 
@@ -591,20 +602,23 @@ pub(crate) fn check<B: Backend>(
         }
         if let Some(a) = &shard.arena {
             let bad = InvariantViolation::FrontArena {
-                at: DevAddr::new(a.start),
+                at: DevAddr::new(a.lent.first().map_or(0, |l| l.start)),
             };
-            let lent = FreeRange::new(a.len, a.start, a.piece);
             let key = (state.index.slots() > a.slot as usize).then(|| state.index.key(a.slot));
-            let fits =
-                key == Some(StreamPool {
-                    stream: a.stream,
-                    pool: a.pool,
-                }) && shard_of(a.stream) == i
-                    && state.index.at(a.slot).contains(lent)
-                    && a.tiles()
-                    && a.carved_by_address()
-                        .iter()
-                        .all(|c| !state.live.contains_key(&c.addr) && seen.insert(c.addr));
+            let lent_free = a.lent.iter().all(|l| {
+                let range = FreeRange::new(l.len, l.start, l.piece);
+                state.index.at(a.slot).contains(range)
+            });
+            let home = StreamPool {
+                stream: a.stream,
+                pool: a.pool,
+            };
+            let fits = key == Some(home)
+                && shard_of(a.stream) == i
+                && lent_free
+                && a.tiles()
+                && a.carved_addresses()
+                    .all(|c| !state.live.contains_key(&c) && seen.insert(c));
             if !fits {
                 return Err(bad);
             }
