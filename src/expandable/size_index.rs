@@ -172,25 +172,27 @@ impl SizeIndex {
         }
     }
 
-    /// At most `n` distinct ranges spread over the lengths, for a front arena to lend (Note
+    /// At most `N` distinct ranges spread over the lengths, for a front arena to lend (Note
     /// [Front arena] in `front/arena.rs`): the longest, the hot one, then the smallest of each
     /// non-empty class from the highest down, so that best fit among them is, for most
     /// requests, the best fit among all.
-    pub(crate) fn spread(&self, n: usize) -> Vec<FreeRange> {
-        let mut out: Vec<FreeRange> = self.largest().into_iter().chain(self.hot).collect();
+    pub(crate) fn spread<const N: usize>(&self) -> arrayvec::ArrayVec<FreeRange, N> {
+        let mut out: arrayvec::ArrayVec<FreeRange, N> = arrayvec::ArrayVec::new();
+        for r in self.largest().into_iter().chain(self.hot) {
+            if !out.is_full() && !out.contains(&r) {
+                out.push(r);
+            }
+        }
         for w in (0..WORDS).rev() {
             let mut bits = self.nonempty[w];
-            while bits != 0 && out.len() < n {
+            while bits != 0 && !out.is_full() {
                 let c = w * 64 + 63 - bits.leading_zeros() as usize;
                 bits &= !(1 << (c % 64));
-                if let Some(first) = self.bins[c].first() {
+                if let Some(first) = self.bins[c].first().filter(|f| !out.contains(f)) {
                     out.push(first);
                 }
             }
         }
-        out.sort_unstable();
-        out.dedup();
-        out.truncate(n);
         out
     }
 

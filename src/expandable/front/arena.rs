@@ -30,7 +30,7 @@
 //! What it changes: which range a request gets, while the cache is engaged (threads contend):
 //! best fit among the lent ranges' parts rather than among every free range of the stream. On
 //! the 23 shared traces replayed with the cache always on (one thread, a worst case) that costs
-//! 290.54 GiB of minimum capacity summed against the stash alone's 290.49 (lending only the
+//! 290.50 GiB of minimum capacity summed against the stash alone's 290.49 (lending only the
 //! longest range, measured first: 290.89). One thread never engages the cache by default and
 //! gets the measured policy, call for call. Two threads on two streams whose sizes do not recur
 //! run 2.1–3.4 × one (BENCHMARKS.md, "Threads"; before: 0.78–0.95 ×).
@@ -103,29 +103,52 @@ pub(crate) struct Arena {
     carved: ArrayVec<Carved, ARENA_BLOCKS>,
 }
 
+impl Default for Arena {
+    /// An arena with nothing lent.
+    fn default() -> Self {
+        Self {
+            stream: StreamId::DEFAULT,
+            pool: PoolKind::Small,
+            slot: 0,
+            lent: ArrayVec::new(),
+            parts: ArrayVec::new(),
+            carved: ArrayVec::new(),
+        }
+    }
+}
+
 impl Arena {
-    /// An arena over the free ranges `lent` (distinct free pieces of `slot`, at most
-    /// [`ARENA_RANGES`] taken), or `None` if there are none.
+    /// Whether a range is lent to it.
+    pub(crate) fn is_lent(&self) -> bool {
+        !self.lent.is_empty()
+    }
+
+    /// Whether blocks carved from it are still out.
+    pub(crate) fn has_carved(&self) -> bool {
+        !self.carved.is_empty()
+    }
+
+    /// Lends nothing any more (what settling leaves: the core holds what was carved).
+    pub(crate) fn clear(&mut self) {
+        self.lent.clear();
+        self.parts.clear();
+        self.carved.clear();
+    }
+
+    /// Lends it the free ranges `lent` (distinct free pieces of `slot`, at most
+    /// [`ARENA_RANGES`] taken) of (stream, pool), in place; none leaves it unlent.
     pub(crate) fn lend(
+        &mut self,
         (stream, pool): (StreamId, PoolKind),
         slot: u32,
         lent: impl IntoIterator<Item = Lent>,
-    ) -> Option<Self> {
-        let mut ranges: ArrayVec<Lent, ARENA_RANGES> =
-            lent.into_iter().take(ARENA_RANGES).collect();
-        if ranges.is_empty() {
-            return None;
-        }
-        ranges.sort_unstable_by_key(|l| l.start);
-        let parts = ranges.iter().map(|l| (l.start, l.len)).collect();
-        Some(Self {
-            stream,
-            pool,
-            slot,
-            lent: ranges,
-            parts,
-            carved: ArrayVec::new(),
-        })
+    ) {
+        self.clear();
+        self.lent.extend(lent.into_iter().take(ARENA_RANGES));
+        self.lent.sort_unstable_by_key(|l| l.start);
+        self.parts
+            .extend(self.lent.iter().map(|l| (l.start, l.len)));
+        (self.stream, self.pool, self.slot) = (stream, pool, slot);
     }
 
     /// The lent range that holds `at`.
@@ -261,13 +284,19 @@ mod tests {
 
     const MB: usize = 1 << 20;
 
+    fn lent(ranges: impl IntoIterator<Item = Lent>) -> Arena {
+        let mut a = Arena::default();
+        a.lend((StreamId::sim(1), PoolKind::Large), 0, ranges);
+        assert!(a.is_lent());
+        a
+    }
+
     fn arena(len: usize) -> Arena {
-        let lent = Lent {
+        lent([Lent {
             piece: PieceId::LEAST,
             start: 1 << 30,
             len,
-        };
-        Arena::lend((StreamId::sim(1), PoolKind::Large), 0, [lent]).unwrap()
+        }])
     }
 
     #[test]
@@ -303,12 +332,12 @@ mod tests {
     fn parts_of_two_touching_lent_ranges_never_merge() {
         // Two segments' reservations side by side, each with a free range at the border.
         let (a0, b0) = (1u64 << 30, (1u64 << 30) + 4 * MB as u64);
-        let lent = [b0, a0].map(|start| Lent {
+        let ranges = [b0, a0].map(|start| Lent {
             piece: PieceId::LEAST,
             start,
             len: 4 * MB,
         });
-        let mut a = Arena::lend((StreamId::sim(1), PoolKind::Large), 0, lent).unwrap();
+        let mut a = lent(ranges);
         assert!(a.tiles());
         assert_eq!(a.carve(6 * MB, 6 * MB), None, "a block across two ranges");
         let x = a.carve(4 * MB, 4 * MB).unwrap();

@@ -253,7 +253,7 @@ pub(crate) fn check<B: Backend>(
                 });
             }
             if shard.allowance != Default::default()
-                || shard.arena.is_some()
+                || shard.arena.is_lent()
                 || shard.arena_want.is_some()
             {
                 return Err(InvariantViolation::FrontEngagement { at: None });

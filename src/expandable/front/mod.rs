@@ -129,7 +129,7 @@ pub(crate) struct Shard {
     window_slow: u32,
     /// The free range lent to this shard by the last slow call, and what was carved from it
     /// since (Note [Front arena] in `arena.rs`).
-    arena: Option<Arena>,
+    arena: Arena,
     /// The stream and pool of this shard's last slow allocation: what the next slow call lends
     /// an arena for. Set only while the cache is engaged.
     arena_want: Option<(StreamId, PoolKind)>,
@@ -141,6 +141,20 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
+    /// The arena, if a range is lent to it.
+    fn lent(&self) -> Option<&Arena> {
+        self.arena.is_lent().then_some(&self.arena)
+    }
+
+    /// The arena, if a range is lent to it.
+    fn lent_mut(&mut self) -> Option<&mut Arena> {
+        if self.arena.is_lent() {
+            Some(&mut self.arena)
+        } else {
+            None
+        }
+    }
+
     /// The latest block stashed on `stream` of `rounded` bytes for a request of `requested`.
     fn find(&self, stream: StreamId, rounded: usize, requested: usize) -> Option<usize> {
         self.stashed
@@ -208,7 +222,7 @@ impl Shard {
 fn carved_total(shards: &AllShards<'_>) -> Scoped {
     let mut total = Scoped::default();
     for shard in shards.iter() {
-        if let Some(a) = &shard.arena {
+        if let Some(a) = shard.lent() {
             total.add(a.pool, &a.carved_amount());
         }
     }
@@ -221,23 +235,31 @@ fn carved_total(shards: &AllShards<'_>) -> Scoped {
 /// lent range goes back to being only the core's. What every slow call does before it looks at
 /// the core.
 pub(crate) fn settle<B: Backend>(state: &mut State<B>, shards: &mut AllShards<'_>) {
-    if shards.iter().all(|s| s.arena.is_none()) {
+    if shards.iter().all(|s| !s.arena.is_lent()) {
         return;
     }
     let stashed = stashed_total(shards);
     allowance::shift_current(&mut state.stats, &stashed, true);
     for shard in shards.iter_mut() {
-        let Some(arena) = shard.arena.take() else {
-            continue;
-        };
-        for (lent, carved) in arena.carved_by_range() {
-            let mut free = Some(lent.piece);
-            for c in carved {
-                let piece = free.expect("the lent range holds every block carved from it");
-                free =
-                    state.allocate_at(arena.slot, piece, c.addr, (c.size, c.requested), arena.pool);
+        let arena = &shard.arena;
+        if arena.has_carved() {
+            for (lent, carved) in arena.carved_by_range() {
+                let mut free = Some(lent.piece);
+                for c in carved {
+                    let piece = free.expect("the lent range holds every block carved from it");
+                    free = state.allocate_at(
+                        arena.slot,
+                        piece,
+                        c.addr,
+                        (c.size, c.requested),
+                        arena.pool,
+                    );
+                }
             }
         }
+        // Cleared in place: an arena is a few KiB, moved out and back on every slow call it
+        // was most of the stress test's slow path.
+        shard.arena.clear();
     }
     allowance::shift_current(&mut state.stats, &stashed, false);
 }
@@ -251,12 +273,12 @@ fn lend_arenas<B: Backend>(state: &State<B>, shards: &mut AllShards<'_>) {
         let Some((stream, pool)) = shard.arena_want else {
             continue;
         };
-        debug_assert!(shard.arena.is_none(), "an arena lent twice");
+        debug_assert!(!shard.arena.is_lent(), "an arena lent twice");
         let Some(slot) = state.index.find(StreamPool { stream, pool }) else {
             continue;
         };
-        let ranges = state.index.at(slot).spread(ARENA_RANGES);
-        shard.arena = Arena::lend(
+        let ranges = state.index.at(slot).spread::<ARENA_RANGES>();
+        shard.arena.lend(
             (stream, pool),
             slot,
             ranges.into_iter().map(|r| Lent {
@@ -301,10 +323,10 @@ pub(crate) fn hand_out_allowances<B: Backend>(state: &State<B>, shards: &mut All
         };
         given.add_all(&shard.allowance);
     }
-    let arenas = shards.iter().filter(|s| s.arena.is_some()).count() as u64;
+    let arenas = shards.iter().filter(|s| s.arena.is_lent()).count() as u64;
     if let (Some(room), true) = (&room, arenas > 0) {
         let each = allowance::rest(room, &given, arenas);
-        for shard in shards.iter_mut().filter(|s| s.arena.is_some()) {
+        for shard in shards.iter_mut().filter(|s| s.arena.is_lent()) {
             shard.allowance.add_all(&each);
         }
     }
@@ -382,7 +404,7 @@ impl FrontCache {
             return false;
         };
         let mut shard = shard.0.lock();
-        if let Some(arena) = shard.arena.as_mut().filter(|a| a.stream == stream) {
+        if let Some(arena) = shard.lent_mut().filter(|a| a.stream == stream) {
             match arena.give_back(addr, size) {
                 GiveBack::NotHere => {}
                 GiveBack::Full => return false,
@@ -433,8 +455,7 @@ impl FrontCache {
         let found = shard.find(stream, rounded, requested);
         let arena = found.is_none()
             && shard
-                .arena
-                .as_ref()
+                .lent()
                 .is_some_and(|a| a.stream == stream && a.pool == pool);
         if !(found.is_some() || arena)
             || !shard
@@ -446,10 +467,7 @@ impl FrontCache {
         let at = match found {
             Some(i) => Some(shard.take(i)),
             // Note [Front arena]: carved from the range lent to this stream.
-            None => shard
-                .arena
-                .as_mut()
-                .and_then(|a| a.carve(rounded, requested)),
+            None => shard.lent_mut().and_then(|a| a.carve(rounded, requested)),
         };
         match at {
             Some(_) => shard.window_fast = shard.window_fast.saturating_add(1),
@@ -600,7 +618,7 @@ pub(crate) fn check<B: Backend>(
                 return Err(bad);
             }
         }
-        if let Some(a) = &shard.arena {
+        if let Some(a) = shard.lent() {
             let bad = InvariantViolation::FrontArena {
                 at: DevAddr::new(a.lent.first().map_or(0, |l| l.start)),
             };
