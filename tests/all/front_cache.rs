@@ -165,6 +165,47 @@ fn a_stashed_block_beside_a_free_range_goes_back_at_the_next_slow_allocation() {
     }
 }
 
+/// Two streams, each a ring of 8 live blocks: block `i` of the run asks for `size(i)`, and each
+/// of `steps` steps frees each ring's oldest block and asks for the next size, the allocator's
+/// invariants checked after every step. Returns the allocations that took the lock from step
+/// `warm` on, and the statistics at the end (before the rings are freed).
+fn two_rings(
+    on: bool,
+    size: impl Fn(usize) -> usize,
+    steps: usize,
+    warm: usize,
+) -> (u64, MemoryStats) {
+    let alloc = ExpandableAllocator::new(sim(1 << 30), front(on)).unwrap();
+    let mut rings: Vec<Vec<Allocation>> = [S1, S2]
+        .iter()
+        .map(|&s| {
+            (0..8)
+                .map(|i| alloc.allocate(size(i), s).unwrap())
+                .collect()
+        })
+        .collect();
+    let mut slow_before = 0;
+    for step in 0..steps {
+        if step == warm {
+            slow_before = alloc.front_slow_allocations();
+        }
+        for (ring, s) in rings.iter_mut().zip([S1, S2]) {
+            alloc.deallocate(ring.remove(0)).unwrap();
+            ring.push(alloc.allocate(size(step + 8), s).unwrap());
+        }
+        alloc.check_invariants().unwrap();
+    }
+    let slow_when_warm = alloc.front_slow_allocations() - slow_before;
+    let stats = alloc.stats();
+    for ring in rings {
+        for a in ring {
+            alloc.deallocate(a).unwrap();
+        }
+    }
+    alloc.check_invariants().unwrap();
+    (slow_when_warm, stats)
+}
+
 /// The loop of `benches/threads.rs` on two streams, from a cold start: each keeps a ring of 8
 /// live blocks and per step frees the oldest and asks for the next of six sizes (both pools),
 /// so every request is for a size freed four allocations before, with other sizes asked for in
@@ -174,36 +215,7 @@ fn a_stashed_block_beside_a_free_range_goes_back_at_the_next_slow_allocation() {
 #[test]
 fn a_ring_of_six_sizes_is_served_without_the_lock_once_warm() {
     const SIZES: [usize; 6] = [512, 4096, 65536, MB, 3 * MB, 20 * MB];
-    let run = |on: bool| {
-        let alloc = ExpandableAllocator::new(sim(1 << 30), front(on)).unwrap();
-        let mut rings: Vec<Vec<Allocation>> = [S1, S2]
-            .iter()
-            .map(|&s| {
-                (0..8)
-                    .map(|i| alloc.allocate(SIZES[i % 6], s).unwrap())
-                    .collect()
-            })
-            .collect();
-        let mut warm = 0;
-        for step in 0..600 {
-            if step == 100 {
-                warm = alloc.front_slow_allocations();
-            }
-            for (ring, s) in rings.iter_mut().zip([S1, S2]) {
-                alloc.deallocate(ring.remove(0)).unwrap();
-                ring.push(alloc.allocate(SIZES[(step + 8) % 6], s).unwrap());
-            }
-        }
-        let slow_when_warm = alloc.front_slow_allocations() - warm;
-        alloc.check_invariants().unwrap();
-        let stats = alloc.stats();
-        for ring in rings {
-            for a in ring {
-                alloc.deallocate(a).unwrap();
-            }
-        }
-        (slow_when_warm, stats)
-    };
+    let run = |on| two_rings(on, |i| SIZES[i % 6], 600, 100);
     let ((slow_on, on), (_, off)) = (run(true), run(false));
     assert_eq!(slow_on, 0, "steps 100-599 of both rings took the lock");
     assert_eq!(counters(&on), counters(&off));
@@ -212,42 +224,12 @@ fn a_ring_of_six_sizes_is_served_without_the_lock_once_warm() {
 /// Note [Front arena]: the loop of `benches/threads.rs`'s `threads-varied` on two streams, each a
 /// ring of 8 live blocks whose next request is the next of 48 sizes (512 B up by 23 % a step), so
 /// no size comes back within the stash's reach. Once warm, most requests are carved from the
-/// free range lent to their stream's shard, without the allocator's lock, and the statistics
+/// free ranges lent to their stream's shard, without the allocator's lock, and the statistics
 /// (every block counter and its peak) match the allocator without the front cache.
 #[test]
 fn sizes_that_do_not_recur_are_carved_from_the_arena_without_the_lock() {
     let varied = |i: usize| ((512.0 * 1.23f64.powi((i % 48) as i32)) as usize).div_ceil(512) * 512;
-    let run = |on: bool| {
-        let alloc = ExpandableAllocator::new(sim(1 << 30), front(on)).unwrap();
-        let mut rings: Vec<Vec<Allocation>> = [S1, S2]
-            .iter()
-            .map(|&s| {
-                (0..8)
-                    .map(|i| alloc.allocate(varied(i), s).unwrap())
-                    .collect()
-            })
-            .collect();
-        let mut warm = 0;
-        for step in 0..1000 {
-            if step == 200 {
-                warm = alloc.front_slow_allocations();
-            }
-            for (ring, s) in rings.iter_mut().zip([S1, S2]) {
-                alloc.deallocate(ring.remove(0)).unwrap();
-                ring.push(alloc.allocate(varied(step + 8), s).unwrap());
-            }
-            alloc.check_invariants().unwrap();
-        }
-        let slow_when_warm = alloc.front_slow_allocations() - warm;
-        let stats = alloc.stats();
-        for ring in rings {
-            for a in ring {
-                alloc.deallocate(a).unwrap();
-            }
-        }
-        alloc.check_invariants().unwrap();
-        (slow_when_warm, stats)
-    };
+    let run = |on| two_rings(on, varied, 1000, 200);
     let ((slow_on, on), (_, off)) = (run(true), run(false));
     assert!(
         slow_on < 160,

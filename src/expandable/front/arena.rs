@@ -39,7 +39,7 @@ use arrayvec::ArrayVec;
 
 use super::allowance::Amount;
 use crate::backend::StreamId;
-use crate::expandable::pieces::PieceId;
+use crate::expandable::size_index::FreeRange;
 use crate::stats::PoolKind;
 
 /// Free ranges lent to one arena at most.
@@ -68,23 +68,14 @@ pub(crate) enum GiveBack {
     Full,
 }
 
-/// A free range of the core lent to an arena: its piece, start and length, unchanged in the
-/// core while lent.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Lent {
-    pub(crate) piece: PieceId,
-    pub(crate) start: u64,
-    pub(crate) len: usize,
+/// Where a lent free range ends.
+fn end(r: &FreeRange) -> u64 {
+    r.start + r.len as u64
 }
 
-impl Lent {
-    fn end(&self) -> u64 {
-        self.start + self.len as u64
-    }
-
-    fn holds(&self, at: u64) -> bool {
-        self.start <= at && at < self.end()
-    }
+/// Whether lent free range `r` holds address `at`.
+fn holds(r: &FreeRange, at: u64) -> bool {
+    r.start <= at && at < end(r)
 }
 
 /// The free ranges lent to one shard for one (stream, pool), and what became of them since.
@@ -94,8 +85,8 @@ pub(crate) struct Arena {
     pub(crate) pool: PoolKind,
     /// The core's index slot of (stream, pool).
     pub(crate) slot: u32,
-    /// In address order.
-    pub(crate) lent: ArrayVec<Lent, ARENA_RANGES>,
+    /// The core's free ranges lent, unchanged in the core while lent; in address order.
+    pub(crate) lent: ArrayVec<FreeRange, ARENA_RANGES>,
     /// The free parts, in address order, no two of one lent range touching: (start, length).
     /// Two lent ranges never touch inside a segment, where free ranges are merged, but two
     /// segments' reservations may: parts merge only inside one lent range.
@@ -141,7 +132,7 @@ impl Arena {
         &mut self,
         (stream, pool): (StreamId, PoolKind),
         slot: u32,
-        lent: impl IntoIterator<Item = Lent>,
+        lent: impl IntoIterator<Item = FreeRange>,
     ) {
         self.clear();
         self.lent.extend(lent.into_iter().take(ARENA_RANGES));
@@ -152,8 +143,8 @@ impl Arena {
     }
 
     /// The lent range that holds `at`.
-    fn range_of(&self, at: u64) -> Option<&Lent> {
-        self.lent.iter().find(|l| l.holds(at))
+    fn range_of(&self, at: u64) -> Option<&FreeRange> {
+        self.lent.iter().find(|l| holds(l, at))
     }
 
     /// Carves `rounded` bytes for a request of `requested` from the front of the smallest free
@@ -199,9 +190,9 @@ impl Arena {
         let i = self.parts.partition_point(|p| p.0 < addr);
         let joins_before = i > 0 && {
             let (s, l) = self.parts[i - 1];
-            s + l as u64 == addr && range.holds(s)
+            s + l as u64 == addr && holds(&range, s)
         };
-        let joins_after = i < self.parts.len() && self.parts[i].0 == end && range.holds(end);
+        let joins_after = i < self.parts.len() && self.parts[i].0 == end && holds(&range, end);
         match (joins_before, joins_after) {
             (true, true) => {
                 let (_, next) = self.parts.remove(i);
@@ -221,13 +212,17 @@ impl Arena {
     }
 
     /// Each lent range with the blocks carved from it and not given back, by address.
-    pub(crate) fn carved_by_range(&self) -> Vec<(Lent, Vec<Carved>)> {
+    pub(crate) fn carved_by_range(&self) -> Vec<(FreeRange, Vec<Carved>)> {
         let mut carved = self.carved.to_vec();
         carved.sort_unstable_by_key(|c| c.addr);
         self.lent
             .iter()
             .map(|l| {
-                let mine = carved.iter().filter(|c| l.holds(c.addr)).copied().collect();
+                let mine = carved
+                    .iter()
+                    .filter(|c| holds(l, c.addr))
+                    .copied()
+                    .collect();
                 (*l, mine)
             })
             .collect()
@@ -255,7 +250,7 @@ impl Arena {
             let end = w[0].0 + w[0].1 as u64;
             end < w[1].0 || (end == w[1].0 && self.range_of(w[0].0) != self.range_of(w[1].0))
         });
-        let apart = self.lent.windows(2).all(|w| w[0].end() <= w[1].start);
+        let apart = self.lent.windows(2).all(|w| end(&w[0]) <= w[1].start);
         let pieces = self
             .parts
             .iter()
@@ -266,13 +261,13 @@ impl Arena {
         let mut next = pieces.iter();
         let each_tiled = self.lent.iter().all(|l| {
             let mut at = l.start;
-            while at < l.end() {
+            while at < end(l) {
                 match next.next() {
                     Some(&(s, e)) if s == at && e > s => at = e,
                     _ => return false,
                 }
             }
-            at == l.end()
+            at == end(l)
         });
         ordered && apart && each_tiled && next.next().is_none()
     }
@@ -281,10 +276,11 @@ impl Arena {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::expandable::pieces::PieceId;
 
     const MB: usize = 1 << 20;
 
-    fn lent(ranges: impl IntoIterator<Item = Lent>) -> Arena {
+    fn lent(ranges: impl IntoIterator<Item = FreeRange>) -> Arena {
         let mut a = Arena::default();
         a.lend((StreamId::sim(1), PoolKind::Large), 0, ranges);
         assert!(a.is_lent());
@@ -292,11 +288,7 @@ mod tests {
     }
 
     fn arena(len: usize) -> Arena {
-        lent([Lent {
-            piece: PieceId::LEAST,
-            start: 1 << 30,
-            len,
-        }])
+        lent([FreeRange::new(len, 1 << 30, PieceId::LEAST)])
     }
 
     #[test]
@@ -332,11 +324,7 @@ mod tests {
     fn parts_of_two_touching_lent_ranges_never_merge() {
         // Two segments' reservations side by side, each with a free range at the border.
         let (a0, b0) = (1u64 << 30, (1u64 << 30) + 4 * MB as u64);
-        let ranges = [b0, a0].map(|start| Lent {
-            piece: PieceId::LEAST,
-            start,
-            len: 4 * MB,
-        });
+        let ranges = [b0, a0].map(|start| FreeRange::new(4 * MB, start, PieceId::LEAST));
         let mut a = lent(ranges);
         assert!(a.tiles());
         assert_eq!(a.carve(6 * MB, 6 * MB), None, "a block across two ranges");

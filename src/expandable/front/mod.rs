@@ -75,12 +75,12 @@ use arrayvec::ArrayVec;
 use rustc_hash::FxHashSet;
 
 use allowance::{Amount, Scoped};
-use arena::{Arena, GiveBack, Lent, ARENA_RANGES};
+use arena::{Arena, GiveBack, ARENA_RANGES};
 pub(crate) use engage::{Engagement, OtherCall};
 
 use crate::backend::{Backend, StreamId};
 use crate::config::{ExpandableConfig, FrontCacheMode, ROUNDUP_INTERVALS};
-use crate::expandable::size_index::{FreeRange, StreamPool};
+use crate::expandable::size_index::StreamPool;
 use crate::expandable::state::State;
 use crate::mechanism::request::pool_of;
 use crate::mechanism::violation::InvariantViolation;
@@ -148,11 +148,7 @@ impl Shard {
 
     /// The arena, if a range is lent to it.
     fn lent_mut(&mut self) -> Option<&mut Arena> {
-        if self.arena.is_lent() {
-            Some(&mut self.arena)
-        } else {
-            None
-        }
+        self.arena.is_lent().then_some(&mut self.arena)
     }
 
     /// The latest block stashed on `stream` of `rounded` bytes for a request of `requested`.
@@ -278,15 +274,7 @@ fn lend_arenas<B: Backend>(state: &State<B>, shards: &mut AllShards<'_>) {
             continue;
         };
         let ranges = state.index.at(slot).spread::<ARENA_RANGES>();
-        shard.arena.lend(
-            (stream, pool),
-            slot,
-            ranges.into_iter().map(|r| Lent {
-                piece: r.piece,
-                start: r.start,
-                len: r.len,
-            }),
-        );
+        shard.arena.lend((stream, pool), slot, ranges);
     }
 }
 
@@ -623,10 +611,7 @@ pub(crate) fn check<B: Backend>(
                 at: DevAddr::new(a.lent.first().map_or(0, |l| l.start)),
             };
             let key = (state.index.slots() > a.slot as usize).then(|| state.index.key(a.slot));
-            let lent_free = a.lent.iter().all(|l| {
-                let range = FreeRange::new(l.len, l.start, l.piece);
-                state.index.at(a.slot).contains(range)
-            });
+            let lent_free = a.lent.iter().all(|&l| state.index.at(a.slot).contains(l));
             let home = StreamPool {
                 stream: a.stream,
                 pool: a.pool,

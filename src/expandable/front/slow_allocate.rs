@@ -42,15 +42,13 @@ pub(crate) fn allocate<B: Backend>(
     if engagement.judge(state, shards) {
         return state.allocate(size, stream);
     }
-    if let Ok(req) = Request::new(size, &state.config.roundup_power2_divisions) {
+    let req = Request::new(size, &state.config.roundup_power2_divisions);
+    if let Ok(req) = &req {
         // What the slow call's end lends this shard an arena of.
         shards[shard_of(stream)].arena_want = Some((stream, req.pool));
     }
     let events_due = !state.pending.is_empty() || state.deferred.has_events();
-    if let (Ok(req), false) = (
-        Request::new(size, &state.config.roundup_power2_divisions),
-        events_due,
-    ) {
+    if let (Ok(req), false) = (req, events_due) {
         let own = &mut shards[shard_of(stream)];
         if let Some(i) = own.find(stream, req.rounded, req.size) {
             let at = own.take(i);
