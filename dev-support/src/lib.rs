@@ -1,8 +1,9 @@
 //! Code the benches and tests of vmm-alloc and vmm-replay share, one copy named by `use`:
 //!
 //! * [`bench_extra`]: the benches' side outputs (`<target>/bench-extra/<bench>.json`);
-//! * [`bench_growth`], [`bench_hot`]: the growth and hot-path measurements, run on Sim and Host
-//!   by the library's benches and on Cuda by `replay/benches/gpu.rs`;
+//! * [`bench_growth`], [`bench_hot`], [`bench_threads`]: the growth, hot-path and threads
+//!   measurements, run on Sim and Host by the library's benches and on Cuda by
+//!   `replay/benches/gpu.rs`;
 //! * with feature `replay`: `shared_trace` (the recorded trace the replay benches use) and
 //!   `fixtures` (traces and checks several replay test binaries use).
 //!
@@ -11,6 +12,7 @@
 pub mod bench_extra;
 pub mod bench_growth;
 pub mod bench_hot;
+pub mod bench_threads;
 #[cfg(feature = "replay")]
 pub mod fixtures;
 #[cfg(feature = "replay")]

@@ -14,6 +14,10 @@
 //!   `cuMemFree`); and `device-buffer`, our `DeviceBuffer<u8>` allocate + drop on the expandable
 //!   allocator, what a cudarc user writes instead of `cudarc-alloc`. The stream-ordered baselines
 //!   synchronize after each batch, untimed.
+//! * `gpu_threads/<workload>/<threads>/<allocator>`: `threads.rs`'s loops (`ring`, `same_size`,
+//!   `varied`) on 1 and 2 threads, each on a registered cudarc stream of its own, every allocator
+//!   of `bench_threads::contenders` on the Cuda backend; the side output's `threads` holds two
+//!   threads' throughput over one's for each.
 //! * `gpu_growth/<N>GiB/<case>`: `growth.rs`'s cases on Cuda (1 GiB and 8 GiB; a target with less
 //!   than target + 1 GiB free is skipped with a line saying so), the raw loop being
 //!   cuMemCreate + cuMemMap + cuMemSetAccess per page through the backend, no allocator.
@@ -61,7 +65,9 @@ fn main() {
 }
 
 #[cfg(feature = "cuda")]
-use vmm_dev_support::{bench_growth as growth, bench_hot as hot, shared_trace};
+use vmm_dev_support::{
+    bench_growth as growth, bench_hot as hot, bench_threads as threads, shared_trace,
+};
 
 #[cfg(feature = "cuda")]
 mod cuda {
@@ -85,7 +91,7 @@ mod cuda {
 
     use crate::extra::{self, Json, Needed};
     use crate::growth::{GIB, MIB, TARGETS};
-    use crate::{growth, hot, shared_trace};
+    use crate::{growth, hot, shared_trace, threads};
 
     /// Live counts of the hot path (100,000 is left to the Sim bench: the pair never reaches the
     /// driver, so the bookkeeping's scaling is measured there).
@@ -155,12 +161,14 @@ mod cuda {
         // Written now too, so a run cut short still names the device.
         extra::write("gpu", &Json::obj(head()));
         let hot = hot_path(c, backend, &ctx);
+        let threads = threads_all(c, backend);
         let growth = growth_all(c, backend);
         let churn = churn(c, backend, total);
         let replay = replay(c, backend, total);
         let mut fields = Vec::from(head());
         fields.extend([
             ("hot_path", hot),
+            ("threads", threads),
             ("growth", growth),
             ("churn", churn),
             ("replay", replay),
@@ -182,6 +190,37 @@ mod cuda {
         device_buffer(&mut group, backend);
         group.finish();
         hot::driver_notes(notes)
+    }
+
+    /// `threads.rs`'s groups on Cuda: 1 and 2 threads, each on a cudarc stream of its own
+    /// registered with the backend, against one shared allocator (goal 4 of issue 19: 2 threads
+    /// ≥ 1.5 × one). The side output holds each allocator's two-over-one ratio per workload,
+    /// timed alternately outside criterion (`bench_threads::scaling`, 5 rounds).
+    fn threads_all(c: &mut Criterion, backend: &CudaBackend) -> Json {
+        let stream = || {
+            let cu = backend.context().new_stream().expect("cuStreamCreate");
+            backend.register_stream(&cu).expect("register_stream")
+        };
+        let streams = [stream(), stream()];
+        let shared = backend.clone();
+        let contenders = threads::contenders(move || shared.clone());
+        let mut rows = Vec::new();
+        for shapes in threads::Shapes::ALL {
+            threads::measure(
+                c,
+                shapes,
+                &contenders,
+                streams,
+                |n| format!("gpu_threads/{}/{n}", shapes.short()),
+                |g| {
+                    g.sample_size(10)
+                        .warm_up_time(Duration::from_millis(300))
+                        .measurement_time(Duration::from_secs(1));
+                },
+            );
+            rows.extend(threads::scaling(shapes, &contenders, streams, 5));
+        }
+        Json::Arr(rows)
     }
 
     /// The allocation calls a Rust user would otherwise make, one pair per iteration.

@@ -340,6 +340,9 @@ drop on the default stream: `cuMemAllocAsync` + `cuMemFreeAsync`, plus cudarc's 
 slice), `cuMemAllocAsync` (the same driver calls without cudarc) and `cuMemAlloc` \
 (`cuMemAlloc` + `cuMemFree`). Stream-ordered pairs are timed per batch, with the stream \
 synchronized after it, untimed.\n\
+* `gpu_threads`: the threads loops above on 1 and 2 threads, each thread on a registered cudarc \
+stream of its own; `bench-extra/gpu.json`'s `threads` holds two threads' throughput over one's, \
+timed alternately outside criterion.\n\
 * `gpu_growth`: the Host growth cases above on Cuda, the raw loop being `cuMemCreate` + \
 `cuMemMap` + `cuMemSetAccess` per page through the backend.\n\
 * `gpu_churn`: the churn shape, 10,000 operations, on a 16 GiB budget \
@@ -379,6 +382,30 @@ every event), each trace stream a registered cudarc stream.\n\n",
     let hot = hot_path_verdicts(d, "gpu_hot_path", "Hot path (Cuda)");
     write_verdicts(out, &hot);
     verdicts.extend(hot);
+
+    out.push_str(
+        "### Threads
+
+The Sim's threads loops above (mixed ring, fixed shapes, sizes that do not \
+come back soon) on the Cuda backend, each thread on a registered cudarc stream of its own.\n\n",
+    );
+    let mut scaling = Vec::new();
+    for (short, label) in [
+        ("ring", "Threads (Cuda), mixed sizes"),
+        ("same_size", "Threads (Cuda), fixed shapes"),
+        ("varied", "Threads (Cuda), sizes that do not recur"),
+    ] {
+        let groups = d.groups_with(&format!("gpu_threads/{short}/"));
+        if groups.is_empty() {
+            not_run(out, &format!("gpu_threads_{short}_<N>"));
+        } else {
+            writeln!(out, "`{short}`:\n").expect("write to a String");
+            threads_table(out, d, &groups);
+        }
+        scaling.push(threads_verdict(d, &groups, label));
+    }
+    write_verdicts(out, &scaling);
+    verdicts.extend(scaling);
 
     out.push_str("### Growth and release\n\n");
     let counts = gpu.map(|g| &g["growth"]);
