@@ -396,6 +396,7 @@ pub extern "C" fn vmm_alloc_config_json() -> *mut c_char {
             "give_back_below_free_pages": c.give_back_below_free_pages,
             "give_back_below_all_free_pages": c.give_back_below_all_free_pages,
             "fine_pages_above": c.fine_pages_above,
+            "reuse_last_free_above": c.reuse_last_free_above,
             "stream_page_share": c.stream_page_share,
             "stream_page_floor": c.stream_page_floor,
             "batch_unmaps": c.batch_unmaps,

@@ -146,8 +146,16 @@ pub struct ExpandableConfig {
     /// not merge it with free neighbours: among the free ranges best fit could choose (exact
     /// fits), the latest freed instead of the lowest, so a loop that frees and re-allocates a
     /// tensor keeps its layout (Note \[Last free\] in `expandable/last_free.rs`). Default on.
-    /// PyTorch: off (lowest address).
+    /// PyTorch: off (lowest address). Applies only while the allocator holds at least
+    /// `reuse_last_free_above` of its limit.
     pub reuse_last_free: bool,
+    /// `reuse_last_free` applies only while the physical memory the allocator holds (mapped and
+    /// cached) is at least this fraction of the device (of the memory-fraction limit): near the
+    /// device's end, where a layout that drifts costs a growth that does not fit; below it, the
+    /// exact fit is PyTorch's (the lowest), so a program with room to spare gets PyTorch's
+    /// decisions (Note \[Last free\] in `expandable/last_free.rs`). In \[0, 1\]; 0 applies it
+    /// always. Default 0.9.
+    pub reuse_last_free_above: f64,
     /// Once a remap under memory pressure has synchronized another stream, unmap every
     /// fully-free page of that stream at once, not only those the growth needs (Note \[Drain
     /// after sync\] in `expandable/growth.rs`): fewer synchronizations on programs with several
@@ -269,6 +277,7 @@ impl Default for ExpandableConfig {
             front_cache: FrontCacheMode::OnContention,
             best_fit_growth: true,
             reuse_last_free: true,
+            reuse_last_free_above: 0.9,
             drain_after_sync: false,
             harvest_lowest_first: true,
             give_back_before_foreign_sync: false,
@@ -307,6 +316,7 @@ impl ExpandableConfig {
             front_cache: FrontCacheMode::Off,
             best_fit_growth: false,
             reuse_last_free: false,
+            reuse_last_free_above: 0.9,
             harvest_lowest_first: false,
             give_back_below_free_pages: 0.0,
             give_back_below_all_free_pages: 0.0,
@@ -393,6 +403,7 @@ impl ExpandableConfig {
                 self.give_back_below_all_free_pages,
             ),
             ("fine_pages_above", self.fine_pages_above),
+            ("reuse_last_free_above", self.reuse_last_free_above),
             ("stream_page_share", self.stream_page_share),
         ] {
             if !(0.0..=1.0).contains(&value) {

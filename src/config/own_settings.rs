@@ -9,7 +9,7 @@ use super::{ExpandableConfig, FrontCacheMode};
 const MB: f64 = (1u64 << 20) as f64;
 
 /// Our keys, each with what it sets (for the error that lists them).
-pub const OWN_KEYS: [(&str, &str); 26] = [
+pub const OWN_KEYS: [(&str, &str); 27] = [
     (
         "headroom_fraction",
         "ExpandableConfig::headroom_fraction, in [0, 1]",
@@ -76,6 +76,10 @@ pub const OWN_KEYS: [(&str, &str); 26] = [
     (
         "fine_pages_above",
         "ExpandableConfig::fine_pages_above, in [0, 1]",
+    ),
+    (
+        "reuse_last_free_above",
+        "ExpandableConfig::reuse_last_free_above, in [0, 1]",
     ),
     (
         "tail_takes_rest",
@@ -161,7 +165,7 @@ impl ExpandableConfig {
     /// `handle_cache_limit_mb`, `remap_defrag`, `remap_before_create`, `sync_only_after_frees`,
     /// `pressure_tail`, `borrow_across_pools`, `va_factor`, `small_page_mb`, `large_page_mb`,
     /// `park_remaps`, `front_cache`, `best_fit_growth`, `reuse_last_free`, `drain_after_sync`,
-    /// `harvest_lowest_first`, `give_back_before_foreign_sync`, `give_back_below_free_pages`, `give_back_below_all_free_pages`, `fine_pages_above`, `tail_takes_rest`, `va_fallback`, `stream_page_share`, `stream_page_floor_mb` (booleans are `true`/`false`, sizes in MiB). A key neither PyTorch nor this crate knows is an error that
+    /// `harvest_lowest_first`, `give_back_before_foreign_sync`, `give_back_below_free_pages`, `give_back_below_all_free_pages`, `fine_pages_above`, `reuse_last_free_above`, `tail_takes_rest`, `va_fallback`, `stream_page_share`, `stream_page_floor_mb` (booleans are `true`/`false`, sizes in MiB). A key neither PyTorch nor this crate knows is an error that
     /// lists ours; the result is [validated](Self::validate). Only the keys given change.
     ///
     /// ```
@@ -236,6 +240,7 @@ impl ExpandableConfig {
                     c.give_back_below_all_free_pages = number(key, value)?
                 }
                 "fine_pages_above" => c.fine_pages_above = number(key, value)?,
+                "reuse_last_free_above" => c.reuse_last_free_above = number(key, value)?,
                 "tail_takes_rest" => c.tail_takes_rest = flag(key, value)?,
                 "va_fallback" => c.va_fallback = flag(key, value)?,
                 "stream_page_share" => c.stream_page_share = number(key, value)?,
@@ -262,8 +267,8 @@ mod tests {
                    drain_after_sync:true,harvest_lowest_first:false,\
                    give_back_before_foreign_sync:true,give_back_below_free_pages:0.2,\
                    give_back_below_all_free_pages:0.3,\
-                   fine_pages_above:0.75,tail_takes_rest:false,va_fallback:false,\
-                   stream_page_share:0.1,stream_page_floor_mb:4";
+                   fine_pages_above:0.75,reuse_last_free_above:0.5,tail_takes_rest:false,\
+                   va_fallback:false,stream_page_share:0.1,stream_page_floor_mb:4";
         let c = ExpandableConfig::default().with_settings(all).unwrap();
         let expected = ExpandableConfig {
             headroom_fraction: 0.03,
@@ -288,6 +293,7 @@ mod tests {
             give_back_below_free_pages: 0.2,
             give_back_below_all_free_pages: 0.3,
             fine_pages_above: 0.75,
+            reuse_last_free_above: 0.5,
             tail_takes_rest: false,
             va_fallback: false,
             stream_page_share: 0.1,

@@ -172,6 +172,23 @@ impl SizeIndex {
         }
     }
 
+    /// Whether no other range of `e`'s length (`e` indexed here) lies below it, where that is
+    /// known without a search: nothing before `e` in its bin's order (length, then address; `e`
+    /// itself may be there or be the hot range), and the hot range not one of its length below
+    /// it. False where only a search could tell (a
+    /// shorter range first in the bin). Then best fit would take `e` for a request of exactly
+    /// its length (Note \[Last free\] in `last_free.rs`).
+    #[inline]
+    pub(crate) fn lowest_of_its_length(&self, e: FreeRange) -> bool {
+        if self
+            .hot
+            .is_some_and(|h| h.len == e.len && h.start < e.start)
+        {
+            return false;
+        }
+        self.bins[class_of(e.len)].first().is_none_or(|f| f >= e)
+    }
+
     /// At most `N` distinct ranges spread over the lengths, for a front arena to lend (Note
     /// [Front arena] in `front/arena.rs`): the longest, the hot one, then the smallest of each
     /// non-empty class from the highest down, so that best fit among them is, for most

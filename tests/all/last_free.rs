@@ -4,6 +4,9 @@
 //!
 //! The scenario: 8 MiB blocks `a`, `b` and `c` with 4 MiB blocks between them, so no free
 //! merges; `a` then `b` freed: two exact fits for an 8 MiB request, `a` the lower, `b` the later.
+//! The rule applies only near the device's end (`reuse_last_free_above`, 90 % of the limit held):
+//! the scenario maps two 20 MiB pages, which a 44 MiB device holds at 91 %, an 80 GiB one at
+//! 0.05 %.
 
 use vmm_alloc::backend::{SimBackend, SimConfig};
 use vmm_alloc::config::ExpandableConfig;
@@ -12,11 +15,20 @@ use vmm_alloc::{Allocation, Allocator, ExpandableAllocator, StreamId};
 const MB: usize = 1 << 20;
 const S0: StreamId = StreamId::DEFAULT;
 
-/// The allocator with `a` and `b` freed, their addresses, and the blocks still live.
+/// A device the scenario's 40 MiB of pages fill to 91 %.
+const NEAR_FULL: usize = 44 * MB;
+
+/// The allocator with `a` and `b` freed, their addresses, and the blocks still live, on a device
+/// of `capacity` bytes.
 fn two_exact_fits(
     config: ExpandableConfig,
+    capacity: usize,
 ) -> (ExpandableAllocator<SimBackend>, u64, u64, Vec<Allocation>) {
-    let sim = SimBackend::with_config(SimConfig::default()).unwrap();
+    let sim = SimBackend::with_config(SimConfig {
+        capacity,
+        ..SimConfig::default()
+    })
+    .unwrap();
     let alloc = ExpandableAllocator::new(sim, config).unwrap();
     let mut blocks: Vec<Allocation> = [8, 4, 8, 4, 8, 4]
         .iter()
@@ -40,7 +52,8 @@ fn give_back(alloc: &ExpandableAllocator<SimBackend>, blocks: Vec<Allocation>) {
 
 #[test]
 fn the_request_right_after_a_free_of_its_size_gets_that_block_back() {
-    let (alloc, _, at_b, mut blocks) = two_exact_fits(ExpandableConfig::default());
+    let (alloc, _, at_b, mut blocks) = two_exact_fits(ExpandableConfig::default(), NEAR_FULL);
+    assert_eq!(alloc.stats().reserved_bytes.all.current, 40 * MB as u64);
     let again = alloc.allocate(8 * MB, S0).unwrap();
     assert_eq!(
         again.ptr().get(),
@@ -59,17 +72,39 @@ fn best_fit_takes_the_lowest_exact_fit_when_off_or_after_another_allocation() {
         ..ExpandableConfig::default()
     };
     for config in [off, ExpandableConfig::pytorch_expandable()] {
-        let (alloc, at_a, _, mut blocks) = two_exact_fits(config);
+        let (alloc, at_a, _, mut blocks) = two_exact_fits(config, NEAR_FULL);
         let again = alloc.allocate(8 * MB, S0).unwrap();
         assert_eq!(again.ptr().get(), at_a, "the lowest exact fit");
         blocks.push(again);
         give_back(&alloc, blocks);
     }
     // Any allocation in between (here on another stream) ends the reuse: best fit again.
-    let (alloc, at_a, _, mut blocks) = two_exact_fits(ExpandableConfig::default());
+    let (alloc, at_a, _, mut blocks) = two_exact_fits(ExpandableConfig::default(), NEAR_FULL);
     blocks.push(alloc.allocate(4 * MB, StreamId::sim(3)).unwrap());
     let again = alloc.allocate(8 * MB, S0).unwrap();
     assert_eq!(again.ptr().get(), at_a);
+    blocks.push(again);
+    give_back(&alloc, blocks);
+}
+
+/// With room to spare (the allocator far below `reuse_last_free_above` of the device), the
+/// exact fit is PyTorch's, the lowest: a program that never nears its device's end gets
+/// PyTorch's layout; with the fraction at 0 the rule applies there too.
+#[test]
+fn with_room_to_spare_the_exact_fit_is_the_lowest_as_in_pytorch() {
+    let (alloc, at_a, _, mut blocks) =
+        two_exact_fits(ExpandableConfig::default(), SimConfig::default().capacity);
+    let again = alloc.allocate(8 * MB, S0).unwrap();
+    assert_eq!(again.ptr().get(), at_a, "the lowest exact fit, as PyTorch");
+    blocks.push(again);
+    give_back(&alloc, blocks);
+    let always = ExpandableConfig {
+        reuse_last_free_above: 0.0,
+        ..ExpandableConfig::default()
+    };
+    let (alloc, _, at_b, mut blocks) = two_exact_fits(always, SimConfig::default().capacity);
+    let again = alloc.allocate(8 * MB, S0).unwrap();
+    assert_eq!(again.ptr().get(), at_b, "the block just freed");
     blocks.push(again);
     give_back(&alloc, blocks);
 }
@@ -78,7 +113,11 @@ fn best_fit_takes_the_lowest_exact_fit_when_off_or_after_another_allocation() {
 /// would split a larger free range that best fit keeps whole.
 #[test]
 fn a_block_merged_by_its_free_is_not_reused_at_its_address() {
-    let sim = SimBackend::with_config(SimConfig::default()).unwrap();
+    let sim = SimBackend::with_config(SimConfig {
+        capacity: NEAR_FULL,
+        ..SimConfig::default()
+    })
+    .unwrap();
     let alloc = ExpandableAllocator::new(sim, ExpandableConfig::default()).unwrap();
     let mut blocks: Vec<Allocation> = [8, 4, 8, 8, 4]
         .iter()

@@ -6,7 +6,7 @@
 use super::builtin_workloads::check_sane;
 use super::*;
 use vmm_alloc::backend::CallKind;
-use vmm_replay::replay::{min_capacity, Policy, ReplayOptions, ReplayOutcome};
+use vmm_replay::replay::{min_capacity, replay, Policy, ReplayOptions, ReplayOutcome};
 
 const MIB: usize = 1 << 20;
 
@@ -126,5 +126,37 @@ fn inference_servers_fit_in_less_than_classic_with_fewer_calls_than_pytorch_expa
                 at_theirs.driver_calls
             );
         }
+    }
+}
+
+/// With room to spare (80 GiB, none of these programs near it), ours never makes more driver
+/// calls than pytorch-expandable nor reserves more (issue 19, goals 2 and 3 at 80 GiB): the
+/// cases where reusing the last free block at any fill had cost one to three growths more
+/// (`reuse_last_free_above`, Note [Last free] in the library's `expandable/last_free.rs`).
+#[test]
+fn with_room_to_spare_ours_makes_no_more_calls_and_reserves_no_more_than_pytorch_expandable() {
+    let opts = ReplayOptions::default();
+    for (name, seed) in [
+        ("qlora", 2),
+        ("qlora", 14),
+        ("inference-server", 7),
+        ("inference-server-4", 7),
+    ] {
+        let trace = workloads::by_name(name, seed, 0, 0).unwrap();
+        let run = |policy| replay(&trace, policy, &opts).unwrap();
+        let (ours, theirs) = (run(Policy::Expandable), run(Policy::PytorchExpandable));
+        assert_eq!((ours.ooms, theirs.ooms), (0, 0), "{name} {seed}");
+        assert!(
+            ours.driver_calls <= theirs.driver_calls,
+            "{name} {seed}: {} calls against pytorch-expandable's {}",
+            ours.driver_calls,
+            theirs.driver_calls
+        );
+        assert!(
+            ours.peak_reserved_bytes <= theirs.peak_reserved_bytes,
+            "{name} {seed}: {} bytes reserved against pytorch-expandable's {}",
+            ours.peak_reserved_bytes,
+            theirs.peak_reserved_bytes
+        );
     }
 }

@@ -74,7 +74,7 @@ pub struct Args {
     /// reuse_last_free, drain_after_sync, harvest_lowest_first, give_back_before_foreign_sync,
     /// tail_takes_rest, va_fallback (true/false), front_cache (true/false/auto; the replay is one thread, so auto never
     /// engages it),
-    /// va_factor, fine_pages_above, give_back_below_free_pages, give_back_below_all_free_pages and stream_page_share
+    /// va_factor, fine_pages_above, reuse_last_free_above, give_back_below_free_pages, give_back_below_all_free_pages and stream_page_share
     /// (fractions), small_page_mb, large_page_mb, stream_page_floor_mb (e.g. expandable=remap_before_create:true,headroom_fraction:0.02). An allocator named here and
     /// not in --allocators is added.
     #[arg(long, value_name = "ALLOCATOR=SETTINGS")]
