@@ -175,9 +175,9 @@ impl SizeIndex {
     /// Whether no other range of `e`'s length (`e` indexed here) lies below it, where that is
     /// known without a search: nothing before `e` in its bin's order (length, then address; `e`
     /// itself may be there or be the hot range), and the hot range not one of its length below
-    /// it. False where only a search could tell (a
-    /// shorter range first in the bin). Then best fit would take `e` for a request of exactly
-    /// its length (Note \[Last free\] in `last_free.rs`).
+    /// it. False where only a search could tell (a shorter range first in the bin). True means
+    /// best fit would take `e` for a request of exactly its length (Note \[Last free\] in
+    /// `last_free.rs`).
     #[inline]
     pub(crate) fn lowest_of_its_length(&self, e: FreeRange) -> bool {
         if self
@@ -409,6 +409,7 @@ mod tests {
         ];
         let mut ix = SizeIndex::default();
         let mut set = BTreeSet::new();
+        let mut sure = 0;
         for step in 0..20_000 {
             let len = lens[below(lens.len() as u64) as usize] - 512 * below(2) as usize;
             let range = FreeRange::new(len, below(300) << 12, PieceId::LEAST);
@@ -452,7 +453,15 @@ mod tests {
             }
             assert!(ix.contains(range) == set.contains(&range));
             assert_eq!(ix.largest(), set.last().copied(), "step {step}, largest");
+            // Never says "lowest" of a range that best fit of its length would not take.
+            for &r in set.iter().take(8).chain(set.iter().rev().take(8)) {
+                if ix.lowest_of_its_length(r) {
+                    sure += 1;
+                    assert_eq!(ix.best_fit(r.len), Some(r), "step {step}, lowest of {r:?}");
+                }
+            }
         }
+        assert!(sure > 1_000, "the shortcut almost never applies: {sure}");
         let mut all: Vec<FreeRange> = ix.iter().collect();
         all.sort_unstable();
         assert!(all.iter().eq(set.iter()));
