@@ -13,8 +13,8 @@
 # GPU tests (`cuda_buffer --include-ignored`), the cudarc example against
 # examples/cudarc_buffer.expected, python/tests/gpu/run.sh when the Python package provides it (else
 # "not present"), and last the GPU benches (benches/gpu.rs, criterion --quick: growth per GiB vs the
-# raw driver loop, hot path vs cuMemAllocAsync, 1 and 2 threads on two streams with the ratio in
-# bench-extra/gpu.json's `threads`, churn, replay of the largest shared trace).
+# raw driver loop, hot path vs cuMemAllocAsync, churn, replay of the largest shared trace, and last
+# 1 and 2 threads on two streams, with the ratio in bench-extra/gpu.json's `threads`).
 #
 # VMM_CUDA_VERSION=13000 (say) builds with cudarc's `cuda-13000` bindings (`--features
 # cudarc/cuda-13000`, the command-line form of a user's own cudarc line) instead of cudarc's

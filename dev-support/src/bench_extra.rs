@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 /// A JSON value.
+#[derive(Clone)]
 pub enum Json {
     Null,
     Bool(bool),
