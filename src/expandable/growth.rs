@@ -515,7 +515,7 @@ impl<B: Backend> State<B> {
 
     /// Physical bytes the allocator holds (mapped and cached) plus `held`, those the growth in
     /// progress already took.
-    fn in_use(&self, held: usize) -> usize {
+    pub(crate) fn in_use(&self, held: usize) -> usize {
         self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held
     }
 

@@ -65,7 +65,8 @@ impl<B: Backend> State<B> {
         });
     }
 
-    /// The free piece of the last free if the request (`slot`, `rounded`) is its exact size;
+    /// The free piece of the last free if the request (`slot`, `rounded`) is its exact size and
+    /// either best fit's own choice or the allocator near its limit (`reuse_last_free_above`);
     /// forgets the last free either way (Note [Last free]).
     pub(crate) fn take_last_free(&mut self, slot: Option<u32>, rounded: usize) -> Option<PieceId> {
         let last = self.last_free.take()?;
@@ -81,10 +82,8 @@ impl<B: Backend> State<B> {
         // Best fit's own choice, known without its search (the hot pair's case), or, near the
         // device's end (`reuse_last_free_above`), the block just freed whichever exact fit it is.
         let range = FreeRange::new(p.len, p.start, last.piece);
-        let near_end = || {
-            let held = self.stats.reserved_bytes.all.current as usize + self.cache.bytes();
-            held as f64 >= self.config.reuse_last_free_above * self.limit as f64
-        };
+        let near_end =
+            || self.in_use(0) as f64 >= self.config.reuse_last_free_above * self.limit as f64;
         (self.index.at(last.slot).lowest_of_its_length(range) || near_end()).then_some(last.piece)
     }
 }

@@ -127,7 +127,7 @@ pub(crate) struct Shard {
     /// judged (Note [Engage on contention] in `engage.rs`).
     window_fast: u32,
     window_slow: u32,
-    /// The free range lent to this shard by the last slow call, and what was carved from it
+    /// The free ranges lent to this shard by the last slow call, and what was carved from them
     /// since (Note [Front arena] in `arena.rs`).
     arena: Arena,
     /// The stream and pool of this shard's last slow allocation: what the next slow call lends
