@@ -45,6 +45,10 @@ impl<B: Backend> State<B> {
                 Some((slot, free)) => (slot, free, PoolKind::Large),
                 None => {
                     let grown = self.grow_or_oom(stream, pool, rounded);
+                    // Note [Last free]: the last resort's release may have completed a pending
+                    // free (remembered as the last free), and the block is carved from what it
+                    // gave back: forget it, as any allocation does.
+                    self.last_free = None;
                     self.trim_to_bound();
                     let (slot, free) = grown?;
                     (slot, free, pool)

@@ -54,6 +54,13 @@ pub(crate) struct LastFree {
     piece: PieceId,
 }
 
+impl LastFree {
+    /// Its index slot and piece (for `check`).
+    pub(crate) fn parts(self) -> (u32, PieceId) {
+        (self.slot, self.piece)
+    }
+}
+
 impl<B: Backend> State<B> {
     /// Records the free of block piece `block` (`len` bytes) in `slot`, which became free piece
     /// `merged`: remembered only if the free merged nothing (the piece is still the block's).

@@ -140,3 +140,49 @@ fn a_block_merged_by_its_free_is_not_reused_at_its_address() {
     blocks.push(again);
     give_back(&alloc, blocks);
 }
+
+/// A free that completes inside an allocation's last resort is not a last free the next request
+/// may take: the allocation that ran the release was carved from that very block. Found by the
+/// fuzzing campaign (the reference model's sequence is in `fuzz_found.rs`): a block used on a
+/// stream whose work is still running is freed (pending); the device is full, so the next
+/// request of its size fails to grow, and the last resort synchronizes that stream, which
+/// completes the free (remembered as the last free) and serves the request from the block's
+/// range. The request after it, of the same size, was handed the same address again: two live
+/// allocations on one range.
+#[test]
+fn a_free_completed_by_the_last_resort_is_not_reused_twice() {
+    use vmm_alloc::testkit::EmulatedBackend;
+    let sim = SimBackend::with_config(SimConfig {
+        capacity: 2 * MB,
+        ..SimConfig::default()
+    })
+    .unwrap();
+    let alloc = ExpandableAllocator::new(sim.clone(), ExpandableConfig::default()).unwrap();
+    let s1 = StreamId::sim(1);
+    // One 2 MiB small-pool page, four 512 KiB blocks: the device is full.
+    let mut blocks: Vec<Allocation> = (0..4)
+        .map(|_| alloc.allocate(512 << 10, S0).unwrap())
+        .collect();
+    sim.hold_stream(s1);
+    let used_elsewhere = blocks.remove(1);
+    let at = used_elsewhere.ptr();
+    alloc.record_stream(at, s1).unwrap();
+    alloc.deallocate(used_elsewhere).unwrap();
+    // Nothing is free until s1's work is done: the last resort waits for it.
+    let e = alloc.allocate(512 << 10, S0).unwrap();
+    assert_eq!(e.ptr(), at, "served from the block whose free completed");
+    let f = alloc.allocate(512 << 10, S0);
+    if let Ok(f) = &f {
+        assert_ne!(f.ptr(), e.ptr(), "one range handed out twice");
+    }
+    assert!(
+        f.is_err(),
+        "the device holds four such blocks, and four are live"
+    );
+    alloc.check_invariants().unwrap();
+    drop(f);
+    alloc.deallocate(e).unwrap();
+    for b in blocks {
+        alloc.deallocate(b).unwrap();
+    }
+}

@@ -12,6 +12,7 @@ mod fine_pages;
 mod foreign_frees;
 mod front_cache;
 mod front_engage;
+mod fuzz_found;
 mod give_back_before_foreign_sync;
 mod harvest_order;
 mod last_free;

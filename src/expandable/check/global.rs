@@ -2,6 +2,8 @@
 
 use crate::backend::Backend;
 use crate::expandable::check::Sums;
+use crate::expandable::pieces::Kind;
+use crate::expandable::size_index::FreeRange;
 use crate::expandable::state::State;
 use crate::mechanism::violation::{
     allocated_within_reserved, stat_equals, InvariantViolation as V,
@@ -76,6 +78,31 @@ impl<B: Backend> State<B> {
                 found: 0,
             }),
             _ => Ok(()),
+        }
+    }
+
+    /// The last free (Note [Last free] in `last_free.rs`) is still a free piece of its slot,
+    /// indexed there: every change of that piece since the free must have forgotten it.
+    pub(super) fn check_last_free(&self) -> Result<(), V> {
+        let Some(last) = self.last_free else {
+            return Ok(());
+        };
+        let (slot, piece) = last.parts();
+        let p = self.pieces.get(piece);
+        let indexed = p.kind == Kind::Free
+            && (slot as usize) < self.index.slots()
+            && self
+                .index
+                .at(slot)
+                .contains(FreeRange::new(p.len, p.start, piece));
+        if indexed {
+            Ok(())
+        } else {
+            Err(V::Count {
+                what: "the last free's piece, a free range indexed in its slot",
+                kept: 1,
+                found: 0,
+            })
         }
     }
 

@@ -38,6 +38,7 @@ impl<B: Backend> State<B> {
         self.check_chunk_cache()?;
         self.check_live_blocks()?;
         self.check_unsynced()?;
+        self.check_last_free()?;
         self.check_stats(&sums)
     }
 }
@@ -68,6 +69,22 @@ mod tests {
         assert!(s.needs_sync(stream));
         s.check().unwrap();
         s.last_unsynced = Some(StreamId::sim(4));
+        assert!(matches!(s.check().unwrap_err(), V::Count { .. }));
+    }
+
+    #[test]
+    fn a_last_free_whose_piece_changed_unnoticed_is_named() {
+        let mut s = State::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
+        let stream = StreamId::sim(1);
+        let a = s.allocate(3 << 20, stream).unwrap();
+        let _b = s.allocate(3 << 20, stream).unwrap();
+        s.deallocate(a.ptr()).unwrap();
+        let last = s.last_free.expect("a's free merged nothing: remembered");
+        s.check().unwrap();
+        // Carving the piece without forgetting the last free (what the last resort's release
+        // followed by the allocation it served once did) must not pass.
+        let (slot, piece) = last.parts();
+        let _ = s.take_front(slot, piece, 1 << 20);
         assert!(matches!(s.check().unwrap_err(), V::Count { .. }));
     }
 
