@@ -157,6 +157,23 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
             front_cache: crate::config::FrontCacheMode::Always,
             ..ExpandableConfig::default()
         }),
+        // The settings `vmm-replay advise` may recommend or a user may turn on, each with
+        // growths under pressure: every free page of a synchronized stream drained (Note [Drain
+        // after sync]); free pages remapped before anything is created (Note [Free holes]); the
+        // block just freed taken back at any fill (Note [Last free]).
+        Just(ExpandableConfig {
+            drain_after_sync: true,
+            headroom_fraction: 0.75,
+            ..ExpandableConfig::default()
+        }),
+        Just(ExpandableConfig {
+            remap_before_create: true,
+            ..ExpandableConfig::default()
+        }),
+        Just(ExpandableConfig {
+            reuse_last_free_above: 0.0,
+            ..ExpandableConfig::default()
+        }),
         // Power-of-two rounding in the intervals the sizes reach (below 2 MiB: 2 steps, 2-4 MiB:
         // 4, 4-8 MiB: 8), so the blocks' sizes are checked against PyTorch's rule there too.
         Just(ExpandableConfig {
