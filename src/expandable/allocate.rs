@@ -45,10 +45,6 @@ impl<B: Backend> State<B> {
                 Some((slot, free)) => (slot, free, PoolKind::Large),
                 None => {
                     let grown = self.grow_or_oom(stream, pool, rounded);
-                    // Note [Last free]: the last resort's release may have completed a pending
-                    // free (remembered as the last free), and the block is carved from what it
-                    // gave back: forget it, as any allocation does.
-                    self.last_free = None;
                     self.trim_to_bound();
                     let (slot, free) = grown?;
                     (slot, free, pool)
@@ -106,8 +102,6 @@ impl<B: Backend> State<B> {
             },
         );
         self.recent_frees.forget(at);
-        // Note [Last free]: an allocation forgets it, and this one may have split its piece.
-        self.last_free = None;
         self.stats.count_allocated(pool, rounded, requested);
         (at + (rounded as u64) < end).then_some(free)
     }

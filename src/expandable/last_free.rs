@@ -46,9 +46,9 @@ use crate::expandable::size_index::FreeRange;
 use crate::expandable::state::State;
 
 /// The latest free, while nothing has changed its piece since (no allocation: `allocate` takes
-/// it, and an allocation that grew forgets the free its last resort may have completed, since the
-/// block is carved from what that release gave back; no unmap or growth: `free_to_gap` and
-/// `gap_to_free` forget it): its index slot and piece, which is exactly the freed block's range.
+/// it, and every carve, `take_front`, forgets it, also one that follows a free completed by the
+/// allocation's own last resort; no unmap or growth: `free_to_gap` and `gap_to_free` forget it):
+/// its index slot and piece, which is exactly the freed block's range.
 /// `check` holds it to be a free range indexed in its slot.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LastFree {

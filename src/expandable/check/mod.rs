@@ -77,14 +77,16 @@ mod tests {
         let mut s = State::new(SimBackend::new(), ExpandableConfig::default()).unwrap();
         let stream = StreamId::sim(1);
         let a = s.allocate(3 << 20, stream).unwrap();
-        let _b = s.allocate(3 << 20, stream).unwrap();
+        let b = s.allocate(3 << 20, stream).unwrap();
+        let _c = s.allocate(3 << 20, stream).unwrap();
         s.deallocate(a.ptr()).unwrap();
-        let last = s.last_free.expect("a's free merged nothing: remembered");
         s.check().unwrap();
-        // Carving the piece without forgetting the last free (what the last resort's release
-        // followed by the allocation it served once did) must not pass.
-        let (slot, piece) = last.parts();
-        let _ = s.take_front(slot, piece, 1 << 20);
+        // A last free whose piece is a live block's (what the last resort's release followed by
+        // the allocation it served once left) must not pass.
+        let block = s.live[&b.ptr().get()].piece;
+        let slot = s.live[&b.ptr().get()].slot;
+        s.remember_free(slot, block, block, s.pieces.get(block).len);
+        assert!(s.last_free.is_some());
         assert!(matches!(s.check().unwrap_err(), V::Count { .. }));
     }
 
