@@ -146,6 +146,18 @@ pub struct MemoryStats {
     /// How many parked mappings there are (each one `cuMemMap` of a handle also mapped, or
     /// cached, elsewhere).
     pub parked_pages: u64,
+    /// Requests served by an alias rescue (Note \[Alias rescue\] in `expandable/rescue.rs`):
+    /// where the last resort failed, the free ends of partly used pages were mapped a second
+    /// time around new memory. Each of them would have been an OOM without it. Expandable only.
+    pub alias_rescues: u64,
+    /// Bytes of the second mappings the alias rescues hold now: ends of partly used pages mapped
+    /// again around a rescued block, no memory of their own (their handles are counted where
+    /// they were first mapped), and any such mapping a failed rescue left for the driver to take
+    /// back (Note \[Deferred releases\]). Expandable only.
+    pub alias_bytes: u64,
+    /// How many such second mappings there are (each one `cuMemMap` of a handle mapped
+    /// elsewhere).
+    pub alias_mappings: u64,
     /// Backend calls by kind, made by this allocator.
     pub calls: CallCounts,
 }

@@ -401,6 +401,7 @@ pub extern "C" fn vmm_alloc_config_json() -> *mut c_char {
             "stream_page_floor": c.stream_page_floor,
             "batch_unmaps": c.batch_unmaps,
             "tail_takes_rest": c.tail_takes_rest,
+            "alias_rescue": c.alias_rescue,
         });
         Ok(out_string(v.to_string()))
     })

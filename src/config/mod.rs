@@ -245,6 +245,12 @@ pub struct ExpandableConfig {
     /// \[Headroom\] in `expandable/growth.rs`). With other streams holding memory the rest stays
     /// with the device, for whichever stream needs it. Default on. PyTorch: off (no tails).
     pub tail_takes_rest: bool,
+    /// Where PyTorch's last resort (give every free page back, grow again) still cannot serve a
+    /// large request, serve it from the free tail of one partly used page and the free head of
+    /// another, each mapped a second time around new memory (Note \[Alias rescue\] in
+    /// `expandable/rescue.rs`). Acts only where the request would otherwise fail with an OOM.
+    /// Default on. PyTorch: no (the OOM is raised).
+    pub alias_rescue: bool,
     /// Where the driver refuses a new segment's `va_factor ×` device memory of addresses (the
     /// process's address space is short: many streams × devices), reserve the request alone
     /// instead of failing it (Note \[Address space budget\] in `expandable/growth.rs`). Default
@@ -288,6 +294,7 @@ impl Default for ExpandableConfig {
             stream_page_floor: 8 << 20,
             batch_unmaps: true,
             tail_takes_rest: true,
+            alias_rescue: true,
             va_fallback: true,
         }
     }
@@ -323,6 +330,7 @@ impl ExpandableConfig {
             stream_page_share: 0.0,
             batch_unmaps: false,
             tail_takes_rest: false,
+            alias_rescue: false,
             va_fallback: false,
             ..Self::default()
         }

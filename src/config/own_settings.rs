@@ -9,7 +9,7 @@ use super::{ExpandableConfig, FrontCacheMode};
 const MB: f64 = (1u64 << 20) as f64;
 
 /// Our keys, each with what it sets (for the error that lists them).
-pub const OWN_KEYS: [(&str, &str); 27] = [
+pub const OWN_KEYS: [(&str, &str); 28] = [
     (
         "headroom_fraction",
         "ExpandableConfig::headroom_fraction, in [0, 1]",
@@ -85,6 +85,7 @@ pub const OWN_KEYS: [(&str, &str); 27] = [
         "tail_takes_rest",
         "ExpandableConfig::tail_takes_rest, true/false",
     ),
+    ("alias_rescue", "ExpandableConfig::alias_rescue, true/false"),
     ("va_fallback", "ExpandableConfig::va_fallback, true/false"),
     (
         "stream_page_share",
@@ -165,7 +166,7 @@ impl ExpandableConfig {
     /// `handle_cache_limit_mb`, `remap_defrag`, `remap_before_create`, `sync_only_after_frees`,
     /// `pressure_tail`, `borrow_across_pools`, `va_factor`, `small_page_mb`, `large_page_mb`,
     /// `park_remaps`, `front_cache`, `best_fit_growth`, `reuse_last_free`, `drain_after_sync`,
-    /// `harvest_lowest_first`, `give_back_before_foreign_sync`, `give_back_below_free_pages`, `give_back_below_all_free_pages`, `fine_pages_above`, `reuse_last_free_above`, `tail_takes_rest`, `va_fallback`, `stream_page_share`, `stream_page_floor_mb` (booleans are `true`/`false`, sizes in MiB). A key neither PyTorch nor this crate knows is an error that
+    /// `harvest_lowest_first`, `give_back_before_foreign_sync`, `give_back_below_free_pages`, `give_back_below_all_free_pages`, `fine_pages_above`, `reuse_last_free_above`, `tail_takes_rest`, `alias_rescue`, `va_fallback`, `stream_page_share`, `stream_page_floor_mb` (booleans are `true`/`false`, sizes in MiB). A key neither PyTorch nor this crate knows is an error that
     /// lists ours; the result is [validated](Self::validate). Only the keys given change.
     ///
     /// ```
@@ -242,6 +243,7 @@ impl ExpandableConfig {
                 "fine_pages_above" => c.fine_pages_above = number(key, value)?,
                 "reuse_last_free_above" => c.reuse_last_free_above = number(key, value)?,
                 "tail_takes_rest" => c.tail_takes_rest = flag(key, value)?,
+                "alias_rescue" => c.alias_rescue = flag(key, value)?,
                 "va_fallback" => c.va_fallback = flag(key, value)?,
                 "stream_page_share" => c.stream_page_share = number(key, value)?,
                 "stream_page_floor_mb" => c.stream_page_floor = mebibytes(key, value)?,
@@ -268,6 +270,7 @@ mod tests {
                    give_back_before_foreign_sync:true,give_back_below_free_pages:0.2,\
                    give_back_below_all_free_pages:0.3,\
                    fine_pages_above:0.75,reuse_last_free_above:0.5,tail_takes_rest:false,\
+                   alias_rescue:false,\
                    va_fallback:false,stream_page_share:0.1,stream_page_floor_mb:4";
         let c = ExpandableConfig::default().with_settings(all).unwrap();
         let expected = ExpandableConfig {
@@ -295,6 +298,7 @@ mod tests {
             fine_pages_above: 0.75,
             reuse_last_free_above: 0.5,
             tail_takes_rest: false,
+            alias_rescue: false,
             va_fallback: false,
             stream_page_share: 0.1,
             stream_page_floor: 4 << 20,

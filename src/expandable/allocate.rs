@@ -56,7 +56,12 @@ impl<B: Backend> State<B> {
             self.pieces.get(free).len >= rounded,
             "growth returns a free range that fits"
         );
-        let piece = self.take_front(slot, free, rounded);
+        // A rescued block's piece is already carved (Note [Alias rescue]).
+        let piece = if self.pieces.kind(free) == Some(Kind::Used) {
+            free
+        } else {
+            self.take_front(slot, free, rounded)
+        };
         self.live.insert(
             at,
             Block {
@@ -186,6 +191,15 @@ impl<B: Backend> State<B> {
         pool: PoolKind,
         rounded: usize,
     ) -> Result<(u32, PieceId), AllocError> {
+        if !self.dead_rescues.is_empty() {
+            // Freed rescues give their ends back before anything grows (Note [Alias rescue]);
+            // one the driver refuses waits for the next try.
+            let _ = self.retry_dead_rescues();
+            let slot = self.index.find(StreamPool { stream, pool });
+            if let Some(found) = self.find_free(slot, rounded) {
+                return Ok(found);
+            }
+        }
         match self.grow(stream, pool, rounded) {
             Ok(at) => return Ok(at),
             Err(GrowFail::Backend(e)) => return Err(e.into()),
@@ -201,6 +215,13 @@ impl<B: Backend> State<B> {
         match self.grow(stream, pool, rounded) {
             Ok(at) => Ok(at),
             Err(GrowFail::Backend(e)) => Err(e.into()),
+            Err(GrowFail::OutOfMemory) if self.config.alias_rescue => {
+                if let Some(found) = self.try_rescue(stream, pool, rounded) {
+                    return Ok(found);
+                }
+                self.stats.num_ooms += 1;
+                Err(self.oom_report(rounded, false))
+            }
             Err(fail) => {
                 self.stats.num_ooms += 1;
                 Err(self.oom_report(rounded, matches!(fail, GrowFail::OutOfAddresses)))

@@ -65,6 +65,13 @@ impl<B: Backend> State<B> {
             self.unsynced_frees.insert(stream);
             self.last_unsynced = Some(stream);
         }
+        if !self.rescues.is_empty() {
+            let addr = self.pieces.get(block.piece).start;
+            if let Some(r) = self.rescues.remove(&addr) {
+                self.end_rescue(r, block);
+                return;
+            }
+        }
         let size = self.size_of(block);
         let merged = self.make_free(block.slot, block.piece);
         self.remember_free(block.slot, block.piece, merged, size);

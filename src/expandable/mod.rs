@@ -30,6 +30,7 @@ mod pieces;
 mod recent_frees;
 mod releasable;
 mod release;
+mod rescue;
 mod segment;
 mod size_index;
 mod snapshot;

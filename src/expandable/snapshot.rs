@@ -8,8 +8,29 @@ use crate::units::DevAddr;
 impl<B: Backend> State<B> {
     pub(crate) fn snapshot(&self) -> Snapshot {
         let mut segments = Vec::new();
+        // Lent ends show as unmapped at home: their bytes are the rescue's (Note [Alias rescue]).
+        let lent: Vec<(u64, usize)> = self
+            .rescues
+            .values()
+            .chain(&self.dead_rescues)
+            .flat_map(|r| r.lent.iter().map(|&(_, p)| self.pieces.get(p)))
+            .map(|p| (p.start, p.len))
+            .collect();
         for seg in self.segments.values() {
             let mut blocks = Vec::new();
+            let mut lent_here = 0;
+            for &(at, len) in lent
+                .iter()
+                .filter(|&&(at, _)| seg.start() <= at && at < seg.end())
+            {
+                lent_here += len;
+                blocks.push(BlockInfo {
+                    address: DevAddr::new(at),
+                    size: len,
+                    requested_size: 0,
+                    state: BlockState::Unmapped,
+                });
+            }
             let mut allocated = 0;
             let inside = |at: u64| seg.start() <= at && at < seg.end();
             for (&at, b) in self.live.iter().filter(|(&at, _)| inside(at)) {
@@ -51,14 +72,64 @@ impl<B: Backend> State<B> {
             segments.push(SegmentInfo {
                 address: seg.va.start,
                 total_size: seg.va.len,
-                mapped_size: seg.mapped_bytes,
+                mapped_size: seg.mapped_bytes - lent_here,
                 allocated_size: allocated,
                 stream: seg.stream,
                 pool: seg.pool,
                 blocks,
             });
         }
+        segments.extend(self.rescue_segments());
         Snapshot { segments }
+    }
+
+    /// Each rescue as a segment of its own: its aliased ends unmapped, its block (live, pending,
+    /// or freed and waiting for its teardown) between them (Note [Alias rescue]).
+    fn rescue_segments(&self) -> impl Iterator<Item = SegmentInfo> + '_ {
+        let all = self.rescues.values().chain(&self.dead_rescues);
+        all.map(|r| {
+            let block = self.pieces.get(r.block);
+            let at = block.start;
+            let (state, requested) = match (
+                self.live.get(&at),
+                self.pending.iter().find(|p| p.addr == at),
+            ) {
+                (Some(b), _) if b.piece == r.block => (BlockState::ActiveAllocated, b.requested),
+                (_, Some(p)) if p.block.piece == r.block => {
+                    (BlockState::ActivePendingFree, p.block.requested)
+                }
+                _ => (BlockState::Inactive, 0),
+            };
+            let mut blocks = Vec::new();
+            for id in self.pieces.tiling(r.tail) {
+                let p = self.pieces.get(id);
+                let (state, requested) = if id == r.block {
+                    (state, requested)
+                } else {
+                    (BlockState::Unmapped, 0)
+                };
+                blocks.push(BlockInfo {
+                    address: DevAddr::new(p.start),
+                    size: p.len,
+                    requested_size: requested,
+                    state,
+                });
+            }
+            let allocated = if state == BlockState::ActiveAllocated {
+                block.len
+            } else {
+                0
+            };
+            SegmentInfo {
+                address: r.va.start,
+                total_size: r.va.len,
+                mapped_size: block.len,
+                allocated_size: allocated,
+                stream: r.stream,
+                pool: crate::stats::PoolKind::Large,
+                blocks,
+            }
+        })
     }
 
     /// Releases everything the allocator holds, ignoring errors (used by `Drop`).
@@ -69,6 +140,7 @@ impl<B: Backend> State<B> {
             }
         }
         self.deferred.abandon_all(&self.backend);
+        self.abandon_rescues();
         for seg in std::mem::take(&mut self.segments).into_values() {
             // Parked mappings only unmap: their handles are released where they were remapped.
             for (&at, c) in &seg.parked {

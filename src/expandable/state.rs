@@ -105,6 +105,11 @@ pub(crate) struct State<B: Backend> {
     pub(crate) deferred: Deferred,
     /// This allocator's id, stamped on every allocation.
     pub(crate) owner: crate::allocator::AllocatorId,
+    /// Blocks served by an alias rescue, by address (Note [Alias rescue] in `rescue.rs`).
+    pub(crate) rescues: FxHashMap<u64, crate::expandable::rescue::Rescue>,
+    /// Rescues whose block was freed but whose teardown the driver refused: tried again by
+    /// `empty_cache` and the last resort.
+    pub(crate) dead_rescues: Vec<crate::expandable::rescue::Rescue>,
 }
 
 impl<B: Backend> State<B> {
@@ -155,6 +160,8 @@ impl<B: Backend> State<B> {
             parked_handles: FxHashMap::default(),
             harvest_unmaps: Vec::new(),
             next_segment_seq: 0,
+            rescues: FxHashMap::default(),
+            dead_rescues: Vec::new(),
             deferred: Deferred::default(),
             owner: crate::allocator::AllocatorId::fresh(),
         })
@@ -188,6 +195,12 @@ impl<B: Backend> State<B> {
         stats.stuck_bytes = (stuck + self.deferred.mapped_bytes()) as u64;
         stats.parked_bytes = self.segments.values().map(|s| s.parked_bytes as u64).sum();
         stats.parked_pages = self.parked_handles.len() as u64;
+        let (n, bytes) = self.deferred.aliases();
+        (stats.alias_mappings, stats.alias_bytes) = (n as u64, bytes as u64);
+        for r in self.rescues.values().chain(&self.dead_rescues) {
+            stats.alias_bytes += r.aliased.iter().sum::<usize>() as u64;
+            stats.alias_mappings += r.aliased.len() as u64;
+        }
         stats
     }
 }

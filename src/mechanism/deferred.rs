@@ -31,6 +31,9 @@ pub(crate) struct Mapping {
 /// step done is forgotten, so a retry goes on from where the last one stopped.
 #[derive(Debug)]
 pub(crate) struct Leftover {
+    /// Second mappings of handles that belong elsewhere (Note [Alias rescue] in
+    /// `expandable/rescue.rs`): unmapped first, their handles left alone.
+    aliases: Vec<(DevAddr, usize)>,
     mapped: Vec<Mapping>,
     unmapped: Vec<(PhysHandle, usize)>,
     va: Option<VaRange>,
@@ -40,6 +43,7 @@ impl Leftover {
     /// The reservation `va`, with nothing in it yet.
     pub(crate) fn reservation(va: VaRange) -> Self {
         Self {
+            aliases: Vec::new(),
             mapped: Vec::new(),
             unmapped: Vec::new(),
             va: Some(va),
@@ -58,12 +62,23 @@ impl Leftover {
         self
     }
 
-    /// Whether some mapping is still to unmap.
-    pub(crate) fn is_mapped(&self) -> bool {
-        !self.mapped.is_empty()
+    /// Adds a second mapping, at `at`, of a handle that belongs elsewhere: only unmapped.
+    pub(crate) fn with_alias(mut self, at: DevAddr, len: usize) -> Self {
+        self.aliases.push((at, len));
+        self
     }
 
-    /// Bytes still mapped.
+    /// Whether some mapping is still to unmap.
+    pub(crate) fn is_mapped(&self) -> bool {
+        !self.mapped.is_empty() || !self.aliases.is_empty()
+    }
+
+    /// Second mappings still to unmap: how many, and their bytes.
+    pub(crate) fn aliases(&self) -> (usize, usize) {
+        (self.aliases.len(), self.aliases.iter().map(|a| a.1).sum())
+    }
+
+    /// Bytes still mapped (aliases aside: no memory of their own).
     pub(crate) fn mapped_bytes(&self) -> usize {
         self.mapped.iter().map(|m| m.len).sum()
     }
@@ -77,6 +92,10 @@ impl Leftover {
         stats: &mut MemoryStats,
         dispose: &mut Dispose<'_, B>,
     ) -> Result<(), BackendError> {
+        while let Some(&(at, len)) = self.aliases.last() {
+            track(stats, CallKind::Unmap, backend.unmap(at, len))?;
+            self.aliases.pop();
+        }
         while let Some(&m) = self.mapped.last() {
             track(stats, CallKind::Unmap, backend.unmap(m.at, m.len))?;
             self.mapped.pop();
@@ -100,6 +119,9 @@ impl Leftover {
     /// Gives back everything, uncounted, ignoring errors: for teardown, where no one is left to
     /// report them to.
     fn abandon<B: Backend>(self, backend: &B) {
+        for &(at, len) in self.aliases.iter().rev() {
+            let _ = backend.unmap(at, len);
+        }
         for m in self.mapped.iter().rev() {
             let _ = backend.unmap(m.at, m.len);
             let _ = backend.release(m.handle);
@@ -212,6 +234,13 @@ impl Deferred {
     /// Bytes still mapped in the kept leftovers.
     pub(crate) fn mapped_bytes(&self) -> usize {
         self.leftovers.iter().map(Leftover::mapped_bytes).sum()
+    }
+
+    /// Second mappings (of handles that belong elsewhere) still to unmap in the kept leftovers:
+    /// how many, and their bytes.
+    pub(crate) fn aliases(&self) -> (usize, usize) {
+        let each = self.leftovers.iter().map(Leftover::aliases);
+        each.fold((0, 0), |(n, b), (m, c)| (n + m, b + c))
     }
 
     /// Gives everything back, uncounted, ignoring errors (teardown).

@@ -1,5 +1,6 @@
 //! The allocator tests: one integration binary (faster to link than one per file).
 
+mod alias_rescue;
 mod best_fit_growth;
 mod classic_behaviour;
 mod classic_model;

@@ -514,8 +514,11 @@ fn check_backend(
         // each still one mapping of one handle; a rolled-back new segment whose reservation
         // would not free is no segment any more but still a reservation (Note [Abandoned]).
         // A parked page (Note [Parked pages]) is a second mapping of a handle mapped or cached
-        // elsewhere, outside `reserved`.
-        let parked = (stats.parked_pages as usize, stats.parked_bytes as usize);
+        // elsewhere, outside `reserved`; so is an alias rescue's alias (Note [Alias rescue]).
+        let parked = (
+            (stats.parked_pages + stats.alias_mappings) as usize,
+            (stats.parked_bytes + stats.alias_bytes) as usize,
+        );
         (live.reservations == segments || !exact && live.reservations > segments)
             && live.handles + parked.0 == live.mappings + stats.handles_cached as usize
             && live.mapped_bytes >= reserved + parked.1

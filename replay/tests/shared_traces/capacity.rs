@@ -37,14 +37,13 @@ pub const TESTS: &[(&str, SharedTest)] = &[
 const STEP: usize = 2 << 20;
 
 /// Issue 19, open: the traces where PyTorch's *classic* allocator still needs less capacity than
-/// ours (ours, classic, in MiB, measured 2026 on this commit). Ours must not lose more than this
-/// on them, nor lose on any other trace (or to pytorch-expandable on any trace); a trace that
-/// stops losing must leave this list. Each is a place the policy still has to win.
+/// ours (ours, classic, in MiB, measured 2026-11-28, after the alias rescue took
+/// `cs336-medium-ctx128-train` and `nca2d-wholeslide-inference` off it). Ours must not lose more
+/// than this on them, nor lose on any other trace (or to pytorch-expandable on any trace); a
+/// trace that stops losing must leave this list. Each is a place the policy still has to win.
 const CLASSIC_STILL_WINS: &[(&str, usize, usize)] = &[
-    ("bert-validate", 2324, 2304),
-    ("cs336-2.7b-ctx128-fullstep", 52916, 52694),
-    ("cs336-medium-ctx128-train", 6778, 6772),
-    ("nca2d-wholeslide-inference", 15548, 15534),
+    ("bert-validate", 2314, 2304),
+    ("cs336-2.7b-ctx128-fullstep", 52896, 52694),
 ];
 
 /// The other side of the goal-1/goal-3 conflict (POLICY.md, "The other side of the conflict: 2

@@ -19,9 +19,12 @@
 //! (19 MiB more on stream 0) with goal 3's 7 calls needs the first growth to map all 40 MiB in at
 //! most two handles; T1 (18 MiB on stream 7) needs those handles to be 22 + 18 MiB, so that the
 //! 18 MiB one is whole and free; T3 (the 21 MiB freed, then 20 MiB on each stream) needs 20 +
-//! 20 MiB. This holds for allocators that keep each stream's memory apart, as PyTorch's two and
-//! ours do (a stream's free memory reaches another stream only as whole handles, unmapped and
-//! mapped again).
+//! 20 MiB. This holds for allocators that keep each stream's memory apart, as PyTorch's two do
+//! and ours did (a stream's free memory reaches another stream only as whole handles, unmapped
+//! and mapped again). Ours' alias rescue (Note [Alias rescue]) does not: it maps a partly used
+//! handle a second time for another stream, and fits T1 in 40 MiB; an allocator doing that with
+//! no wasted call could meet both goals on these three (10 calls on T1 against PyTorch's 11).
+//! Ours, today, first tries the growths that fail and makes 14.
 
 use super::*;
 use vmm_replay::advise::SMALLEST_SETTING;
@@ -129,7 +132,8 @@ fn minimum_below(
 
 /// On a 40 MiB device the three traces begin alike, and each needs its first growth mapped
 /// another way: T2 (with goal 3's calls) all 40 MiB in at most two handles, T1 (goal 1) those two
-/// handles 22 + 18 MiB, T3 (goal 1) 20 + 20. No allocator has them both ways.
+/// handles 22 + 18 MiB, T3 (goal 1) 20 + 20. No allocator that keeps the streams apart has them
+/// both ways.
 #[test]
 fn capacity_below_both_bars_and_calls_below_pytorch_expandable_conflict() {
     let [t1, t2, t3] = three();
@@ -147,21 +151,29 @@ fn capacity_below_both_bars_and_calls_below_pytorch_expandable_conflict() {
     let (pt2, pt2_out) = minimum(&t2, Policy::PytorchExpandable, None);
     assert_eq!((pt2, pt2_out.driver_calls), (40, 7));
     assert_eq!(minimum(&t3, Policy::PytorchExpandable, None).0, 40);
-    // Ours keeps PyTorch's pages and calls: T2 and T3 in 40 MiB, T1 not (its 18 MiB finds the
-    // second page pinned by the 21 MiB block's last MiB).
+    // Ours keeps PyTorch's pages and calls: T2 and T3 in 40 MiB; T1 not while it keeps the
+    // streams apart (its 18 MiB finds the second page pinned by the 21 MiB block's last MiB).
     let ours = |t: &Trace, s| minimum(t, Policy::Expandable, s);
     let (ours_t2, ours_t2_out) = ours(&t2, None);
     assert_eq!((ours_t2, ours_t2_out.driver_calls), (40, 7));
     assert_eq!(ours(&t3, None).0, 40);
-    assert!(ours(&t1, None).0 > 40);
+    assert!(ours(&t1, Some("alias_rescue:false")).0 > 40);
+    // The alias rescue does not keep them apart (Note [Alias rescue]): stream 0's free tail of
+    // the second page, mapped again, holds stream 7's 18 MiB, so T1 fits in 40 MiB too; but the
+    // growths that fail first (a reservation for stream 7 taken and given back, twice) cost it
+    // more calls than PyTorch's policy makes at its own minimum (60 MiB, 11 calls).
+    let (ours_t1, ours_t1_out) = ours(&t1, None);
+    let (pt1, pt1_out) = minimum(&t1, Policy::PytorchExpandable, None);
+    assert_eq!((ours_t1, pt1, pt1_out.driver_calls), (40, 60, 11));
+    assert!(ours_t1_out.driver_calls > pt1_out.driver_calls);
     // 2 MiB pages meet goal 1 on all three, at more than six times PyTorch's calls on T2.
     let fine = Some(SMALLEST_SETTING);
     for t in [&t1, &t2, &t3] {
         assert_eq!(ours(t, fine).0, 40, "{}", t.name);
     }
     assert!(ours(&t2, fine).1.driver_calls > 6 * 7);
-    // 22 MiB pages: T1 in 40 MiB, but T2 with 8 calls and T3 not in 40.
-    let wide = Some("large_page_mb:22");
+    // 22 MiB pages, the streams kept apart: T1 in 40 MiB, but T2 with 8 calls and T3 not in 40.
+    let wide = Some("large_page_mb:22,alias_rescue:false");
     assert_eq!(ours(&t1, wide).0, 40);
     assert_eq!(ours(&t2, wide).1.driver_calls, 8);
     assert!(ours(&t3, wide).0 > 40);

@@ -1,6 +1,7 @@
 //! The invariants that span segments: piece and index counts, live blocks, statistics.
 
 use crate::backend::Backend;
+use crate::expandable::check::rescue::RescueSums;
 use crate::expandable::check::Sums;
 use crate::expandable::pieces::Kind;
 use crate::expandable::size_index::FreeRange;
@@ -115,13 +116,18 @@ impl<B: Backend> State<B> {
                 at: DevAddr::new(at),
                 len: size,
             };
+            if at % 512 != 0 || size < b.requested {
+                return Err(placed);
+            }
+            if self.rescues.contains_key(&at) {
+                // Its reservation is mapped whole (`check_rescues` holds it to its tiling).
+                spans.push((at, at + size as u64));
+                continue;
+            }
             let seg = self.segment_of(at).and_then(|k| self.segments.get(&k));
             let Some(seg) = seg else {
                 return Err(placed);
             };
-            if at % 512 != 0 || size < b.requested {
-                return Err(placed);
-            }
             if !seg.is_mapped(at, size) {
                 return Err(V::Unmapped {
                     at: DevAddr::new(at),
@@ -144,24 +150,24 @@ impl<B: Backend> State<B> {
     }
 
     /// The statistics equal the sums over the state.
-    pub(super) fn check_stats(&self, sums: &Sums) -> Result<(), V> {
+    pub(super) fn check_stats(&self, sums: &Sums, rescued: &RescueSums) -> Result<(), V> {
         let s = &self.stats;
         let (live, pending) = (self.live.len() as u64, self.pending.len() as u64);
         stat_equals(
             "reserved_bytes",
             s.reserved_bytes.all.current,
-            sums.mapped as u64,
+            (sums.mapped + rescued.owned) as u64,
         )?;
         stat_equals(
             "allocated_bytes",
             s.allocated_bytes.all.current,
-            sums.live as u64,
+            (sums.live + rescued.live) as u64,
         )?;
-        let active_bytes = (sums.live + sums.pending) as u64;
+        let active_bytes = (sums.live + sums.pending + rescued.live + rescued.pending) as u64;
         stat_equals("active_bytes", s.active_bytes.all.current, active_bytes)?;
         stat_equals("allocation", s.allocation.all.current, live)?;
         stat_equals("active", s.active.all.current, live + pending)?;
-        let segments = self.segments.len() as u64;
+        let segments = (self.segments.len() + rescued.count) as u64;
         stat_equals("segment", s.segment.all.current, segments)?;
         allocated_within_reserved(s)
     }

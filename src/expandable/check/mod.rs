@@ -5,6 +5,7 @@
 //! an [`InvariantViolation`] naming the rule and the place.
 
 mod global;
+mod rescue;
 mod segment;
 
 use crate::backend::Backend;
@@ -30,16 +31,19 @@ impl<B: Backend> State<B> {
     /// Checks every invariant; returns the first violation.
     pub(crate) fn check(&self) -> Result<(), InvariantViolation> {
         let mut sums = Sums::default();
+        let rescued = self.check_rescues()?;
         for (&key, seg) in &self.segments {
-            self.check_segment(key, seg, &mut sums)?;
+            let lent = rescued.lent.get(&key).copied().unwrap_or_default();
+            self.check_segment(key, seg, lent, &mut sums)?;
         }
+        sums.pieces += rescued.pieces;
         self.check_counts(&sums)?;
         self.check_release_index()?;
         self.check_chunk_cache()?;
         self.check_live_blocks()?;
         self.check_unsynced()?;
         self.check_last_free()?;
-        self.check_stats(&sums)
+        self.check_stats(&sums, &rescued)
     }
 }
 

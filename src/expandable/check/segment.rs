@@ -23,6 +23,7 @@ impl<B: Backend> State<B> {
         &self,
         key: SegmentKey,
         seg: &Segment,
+        (lent, lent_pieces): (usize, usize),
         sums: &mut Sums,
     ) -> Result<(), V> {
         if key != SegmentKey::of(&seg.va) {
@@ -53,8 +54,14 @@ impl<B: Backend> State<B> {
                 len: seg.va.len,
             });
         }
-        let (live, pending) = self.check_segment_blocks(seg, tiled.used)?;
-        if tiled.free_bytes + live + pending != seg.mapped_bytes {
+        // Lent ends are used pieces of no block (Note [Alias rescue] in `rescue.rs`).
+        let used = tiled.used.checked_sub(lent_pieces).ok_or(V::Count {
+            what: "used pieces of a segment, against the ends it lent",
+            kept: lent_pieces,
+            found: tiled.used,
+        })?;
+        let (live, pending) = self.check_segment_blocks(seg, used)?;
+        if tiled.free_bytes + live + pending + lent != seg.mapped_bytes {
             return Err(V::Conservation {
                 segment: seg.va.start,
                 free: tiled.free_bytes,

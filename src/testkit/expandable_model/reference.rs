@@ -265,15 +265,23 @@ impl Model {
                 })
                 .ok_or(format!("backend mapping {at:#x}+{len:#x} in no segment"))?;
             // A mapping where the snapshot shows unmapped addresses is a parked page (Note
-            // [Parked pages]): no reserved memory of its own, counted by `parked_bytes`.
-            let unmapped = seg.blocks.iter().any(|b| {
-                let a = b.address.get();
-                b.state == BlockState::Unmapped && a <= at && at + len as u64 <= a + b.size as u64
-            });
-            if unmapped {
+            // [Parked pages]): no reserved memory of its own, counted by `parked_bytes`. One
+            // partly shown unmapped is a page mapped twice (Note [Alias rescue]): each of its
+            // bytes counts where the snapshot shows it mapped, once.
+            let end = at + len as u64;
+            let unmapped: u64 = seg
+                .blocks
+                .iter()
+                .filter(|b| b.state == BlockState::Unmapped)
+                .map(|b| {
+                    let (a, e) = (b.address.get(), b.address.get() + b.size as u64);
+                    e.min(end).saturating_sub(a.max(at))
+                })
+                .sum();
+            if unmapped == len as u64 {
                 parked += len as u64;
             } else {
-                by_pool[idx(seg.pool)] += len as u64;
+                by_pool[idx(seg.pool)] += len as u64 - unmapped;
             }
         }
         if parked != stats.parked_bytes {

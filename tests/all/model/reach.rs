@@ -1,7 +1,8 @@
 //! The generated sequences must reach the states worth testing, or the property tests prove
 //! little: growth, OOM under a small capacity and under another user's pressure, remap-defrag,
 //! handle reuse, the free-everything retry, several streams and pools at once, frees left pending
-//! on a held stream that block reuse, and held memory made safe to unmap by a synchronize.
+//! on a held stream that block reuse, held memory made safe to unmap by a synchronize, and the
+//! alias rescue (Note [Alias rescue]).
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -19,7 +20,7 @@ fn sequences_reach_the_interesting_states() {
         prop_oneof![Just(64usize), Just(128)],
         proptest::collection::vec(op_strategy(), 60..120),
     );
-    let mut t = [0u64; 10];
+    let mut t = [0u64; 11];
     for _ in 0..300 {
         let (config, capacity_mb, ops) = strategy.new_tree(&mut runner).unwrap().current();
         let sim = SimBackend::with_config(SimConfig {
@@ -27,7 +28,8 @@ fn sequences_reach_the_interesting_states() {
             ..SimConfig::default()
         })
         .unwrap();
-        let r = run(sim, config, &ops).unwrap();
+        let r = run(sim, config.clone(), &ops)
+            .unwrap_or_else(|e| panic!("{e:?}\nconfig {config:?}, {capacity_mb} MiB, ops {ops:?}"));
         let s = r.stats;
         let reached = [
             s.num_device_alloc,
@@ -41,12 +43,14 @@ fn sequences_reach_the_interesting_states() {
             r.squeezed_ooms,
             // Segments alive at once: several streams and both pools.
             s.segment.all.peak,
+            s.alias_rescues,
         ];
         for (i, x) in reached.into_iter().enumerate() {
             t[i] = if i == 9 { t[i].max(x) } else { t[i] + x };
         }
     }
-    let [maps, ooms, remapped, reuses, retries, pending, blocked, synced, squeezed, segments] = t;
+    let [maps, ooms, remapped, reuses, retries, pending, blocked, synced, squeezed, segments, rescues] =
+        t;
     println!("reached: {t:?}");
     assert!(maps > 1000, "growth: {maps} pages mapped");
     assert!(ooms > 10, "OOM reached {ooms} times");
@@ -70,4 +74,8 @@ fn sequences_reach_the_interesting_states() {
         "OOM under another user's pressure only {squeezed} times"
     );
     assert!(segments >= 5, "at most {segments} segments at once");
+    assert!(
+        rescues > 5,
+        "an alias rescue served only {rescues} requests"
+    );
 }

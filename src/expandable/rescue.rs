@@ -1,0 +1,386 @@
+//! Note [Alias rescue]: where PyTorch's last resort (wait for every pending free, give every
+//! free page back, grow again) still cannot serve a request, the free ends of partly used pages
+//! often could, if they were contiguous. A handle is mapped whole, but it may be mapped at
+//! several addresses at once (`cuMemMap` of one handle twice: the driver allows it, and the
+//! alias costs its physical memory once; `../shared/reference/cudarc-and-vmm.md`). So the free
+//! tail of a page whose front holds a live block, mapped again at the start of a new
+//! reservation, is contiguous with new memory mapped after it and with the free head of another
+//! partly used page mapped after that:
+//!
+//! ```text
+//!  home A:  ├─ live ─┬─ free tail t ─┤        home B:  ├─ free head h ─┬─ live ─┤
+//!  rescue:  ├ (A's live: never used) ┬─ t ─┬── new ──┬─ h ─┬ (B's live: never used) ┤
+//!                                    └────── the block ────┘
+//! ```
+//!
+//! The block is `[t][new][h]`; the aliased bytes that hold other blocks are never handed out;
+//! `t` and `h` are lent: carved out of their homes' free ranges (used pieces that belong to no
+//! block) until the block is freed, when its stream is synchronized, the reservation unmapped,
+//! the new handle given back, and `t` and `h` are free at home again. It runs only where the
+//! request would otherwise fail with an OOM, so no run that fits without it changes (a run at a
+//! capacity where the defaults succeed never reaches it); a rescue costs a reservation, up to
+//! three maps, a create and an access call, and a synchronization of each home stream other than
+//! the request's with frees since its last one (lent bytes must be quiet, Note [Syncs]; on the
+//! request's own stream they are, as for any reuse of a free range) and of the block's stream
+//! when it is freed, before its reservation is unmapped. Only large-pool requests, from large-pool pages (the snapshot shows the
+//! lent bytes in the rescue's segment, so both must be of one pool).
+//!
+//! Accounting: `reserved_bytes` counts each physical byte once: the homes' chunks (lent bytes
+//! included) and each rescue's new handle. The snapshot shows each rescue as a segment of its
+//! own (its aliased ends unmapped, the block in the middle), and the lent bytes at home as
+//! unmapped, so its mapped bytes still sum to `reserved_bytes`. A rescue whose teardown the
+//! driver refused (the synchronization or the unmap) stays, dead, with its memory counted, until
+//! `empty_cache` or the next last resort tries again.
+
+use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
+use crate::error::BackendError;
+use crate::expandable::pieces::{Kind, PieceId};
+use crate::expandable::segment::Chunk;
+use crate::expandable::size_index::StreamPool;
+use crate::expandable::state::{Block, State};
+use crate::mechanism::counters::track;
+use crate::mechanism::deferred::Leftover;
+use crate::stats::PoolKind;
+use crate::units::{DevAddr, VaRange};
+
+/// A block served by an alias rescue (Note [Alias rescue]): what freeing it undoes.
+#[derive(Debug)]
+pub(crate) struct Rescue {
+    /// The rescue's reservation, mapped whole: `[alias of A][new][alias of B]`.
+    pub(crate) va: VaRange,
+    /// The last piece of the reservation's tiling: gap, used block, gap.
+    pub(crate) tail: PieceId,
+    /// The block's piece.
+    pub(crate) block: PieceId,
+    /// The new handle mapped between the aliases, if any.
+    pub(crate) owned: Option<Chunk>,
+    /// (home slot, lent piece) of each end.
+    pub(crate) lent: Vec<(u32, PieceId)>,
+    /// The length of each alias (the lent ends' chunks, mapped a second time here).
+    pub(crate) aliased: Vec<usize>,
+    /// The block's stream, synchronized before the reservation is unmapped.
+    pub(crate) stream: StreamId,
+}
+
+/// A free end of a partly used chunk.
+#[derive(Clone, Copy)]
+struct End {
+    slot: u32,
+    chunk_at: u64,
+    chunk: Chunk,
+    piece: PieceId,
+    /// Free bytes at the chunk's end (a tail) or start (a head).
+    free: usize,
+    stream: StreamId,
+}
+
+/// The plan of a rescue: which ends, how many of their bytes, how many new.
+struct Plan {
+    tail: Option<(End, usize)>,
+    head: Option<(End, usize)>,
+    new: usize,
+}
+
+impl<B: Backend> State<B> {
+    /// Serves `rounded` bytes of `pool` on `stream` by an alias rescue (Note [Alias rescue]),
+    /// if the free ends of two partly used pages and the device's room hold it; returns the
+    /// block's slot and piece (a used piece, already carved). On any driver error the state is
+    /// as before (what the driver would not take back is deferred) and `None` is returned.
+    pub(super) fn try_rescue(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        rounded: usize,
+    ) -> Option<(u32, PieceId)> {
+        if pool != PoolKind::Large {
+            return None;
+        }
+        let plan = self.rescue_plan(rounded)?;
+        // Bytes freed on another stream may still be in use by its queued work (Note [Syncs]);
+        // on the request's own stream, its later work is ordered after it, as for any reuse of
+        // a free range. New bytes need the cache's handles released.
+        let ends = [plan.tail.map(|t| t.0.stream), plan.head.map(|h| h.0.stream)];
+        for s in ends.into_iter().flatten().filter(|&s| s != stream) {
+            self.sync_before_unmap(s).ok()?;
+        }
+        if plan.new > 0 && self.cache.bytes() > 0 {
+            self.trim_cache(0).ok()?;
+        }
+        let (va, owned) = self.map_rescue(&plan)?;
+        Some(self.commit_rescue(stream, pool, rounded, plan, va, owned))
+    }
+
+    /// The largest free tail and the largest free head of partly used large-pool chunks (of
+    /// two chunks), and the new bytes the device must still give; `None` if the ends and the
+    /// room cannot hold `rounded` bytes.
+    fn rescue_plan(&self, rounded: usize) -> Option<Plan> {
+        let (mut tail, mut head): (Option<End>, Option<End>) = (None, None);
+        // An end beside a lent end is not lent: a chunk whose two ends are lent to rescues would
+        // hold no byte of its own (the snapshot would show it all unmapped, as a parked page).
+        let lent: Vec<PieceId> = self
+            .rescues
+            .values()
+            .chain(&self.dead_rescues)
+            .flat_map(|r| r.lent.iter().map(|&(_, p)| p))
+            .collect();
+        for seg in self.segments.values().filter(|s| s.pool == PoolKind::Large) {
+            for (s, len, piece) in self.free_pieces(seg) {
+                let e = s + len as u64;
+                let p = self.pieces.get(piece);
+                let (before_lent, after_lent) = (lent.contains(&p.prev), lent.contains(&p.next));
+                let end = |chunk_at, chunk: Chunk, free| End {
+                    slot: seg.slot,
+                    chunk_at,
+                    chunk,
+                    piece,
+                    free,
+                    stream: seg.stream,
+                };
+                // The chunk the free piece starts inside: a tail if the piece reaches its end.
+                if let Some((&cs, &chunk)) = seg.chunks.range(..=s).next_back() {
+                    let ce = cs + chunk.len as u64;
+                    let free = ce.saturating_sub(s) as usize;
+                    if cs < s && ce <= e && !before_lent && tail.is_none_or(|t| free > t.free) {
+                        tail = Some(end(cs, chunk, free));
+                    }
+                }
+                // The chunk the free piece ends inside: a head if the piece covers its start.
+                if let Some((&cs, &chunk)) = seg.chunks.range(..e).next_back() {
+                    let ce = cs + chunk.len as u64;
+                    let free = e.saturating_sub(cs) as usize;
+                    if ce > e && cs >= s && !after_lent && head.is_none_or(|h| free > h.free) {
+                        head = Some(end(cs, chunk, free));
+                    }
+                }
+            }
+        }
+        if let (Some(t), Some(h)) = (tail, head) {
+            if t.chunk_at == h.chunk_at {
+                // One chunk's two ends: the larger (the chunk would be mapped twice more).
+                if t.free >= h.free {
+                    head = None;
+                } else {
+                    tail = None;
+                }
+            }
+        }
+        // New bytes come in whole granules; the ends give the rest, the tail first, so that
+        // the block ends inside the head's alias or exactly at the new handle's end (no byte of
+        // the reservation is mapped memory outside the block but the aliases' other blocks).
+        let (t_free, h_free) = (tail.map_or(0, |t| t.free), head.map_or(0, |h| h.free));
+        let new = rounded
+            .saturating_sub(t_free + h_free)
+            .next_multiple_of(self.granularity);
+        let rest = rounded.checked_sub(new)?;
+        let t_used = rest.min(t_free);
+        let h_used = rest - t_used;
+        let held = self.stats.reserved_bytes.all.current as usize + self.deferred.mapped_bytes();
+        if rest == 0 || h_used > h_free || new > self.limit.saturating_sub(held) {
+            return None;
+        }
+        Some(Plan {
+            tail: tail.filter(|_| t_used > 0).map(|t| (t, t_used)),
+            head: head.filter(|_| h_used > 0).map(|h| (h, h_used)),
+            new,
+        })
+    }
+
+    /// Reserves the rescue's range and maps it: the tail's chunk, the new handle, the head's
+    /// chunk, then access on the whole. Returns the reservation and the new handle; on an
+    /// error, gives back what it did (deferring what the driver refuses) and returns `None`.
+    fn map_rescue(&mut self, plan: &Plan) -> Option<(VaRange, Option<PhysHandle>)> {
+        let lens = [
+            plan.tail.map_or(0, |t| t.0.chunk.len),
+            plan.new,
+            plan.head.map_or(0, |h| h.0.chunk.len),
+        ];
+        let total: usize = lens.iter().sum();
+        let va = track(
+            &mut self.stats,
+            CallKind::Reserve,
+            self.backend.reserve(total),
+        )
+        .ok()?;
+        let x = va.start.get();
+        let mut left = Leftover::reservation(va);
+        let mut owned = None;
+        let steps: [Option<(u64, usize, Option<PhysHandle>)>; 3] = [
+            plan.tail.map(|t| (x, lens[0], Some(t.0.chunk.handle))),
+            (plan.new > 0).then_some((x + lens[0] as u64, plan.new, None)),
+            plan.head.map(|h| {
+                (
+                    x + (lens[0] + lens[1]) as u64,
+                    lens[2],
+                    Some(h.0.chunk.handle),
+                )
+            }),
+        ];
+        let mut failed = false;
+        for (at, len, alias) in steps.into_iter().flatten() {
+            let handle = match alias {
+                Some(h) => h,
+                None => match track(&mut self.stats, CallKind::Create, self.backend.create(len)) {
+                    Ok(h) => {
+                        self.stats.bytes_created += len as u64;
+                        h
+                    }
+                    Err(_) => {
+                        failed = true;
+                        break;
+                    }
+                },
+            };
+            let mapped = self.backend.map(DevAddr::new(at), len, handle, 0);
+            if track(&mut self.stats, CallKind::Map, mapped).is_err() {
+                if alias.is_none() {
+                    left = left.with_handle(handle, len);
+                }
+                failed = true;
+                break;
+            }
+            left = match alias {
+                Some(_) => left.with_alias(DevAddr::new(at), len),
+                None => {
+                    owned = Some(handle);
+                    left.with_mapping(DevAddr::new(at), len, handle)
+                }
+            };
+        }
+        if !failed {
+            let set = self.backend.set_access(va.start, total, &self.access);
+            if track(&mut self.stats, CallKind::SetAccess, set).is_ok() {
+                return Some((va, owned));
+            }
+        }
+        self.give_back_or_defer(left);
+        None
+    }
+
+    /// The bookkeeping of a mapped rescue: the reservation's tiling, the lent ends, the
+    /// statistics; returns the block's slot and piece.
+    fn commit_rescue(
+        &mut self,
+        stream: StreamId,
+        pool: PoolKind,
+        rounded: usize,
+        plan: Plan,
+        va: VaRange,
+        owned: Option<PhysHandle>,
+    ) -> (u32, PieceId) {
+        let x = va.start.get();
+        let start = x + plan.tail.map_or(0, |(t, used)| (t.chunk.len - used) as u64);
+        let end = start + rounded as u64;
+        let last = self.pieces.new_tiling(x, va.len);
+        if start > x {
+            self.pieces.split_front(last, start);
+        }
+        let block = if end < x + va.len as u64 {
+            self.pieces.split_front(last, end)
+        } else {
+            last
+        };
+        self.pieces.set_kind(block, Kind::Used);
+        let aliased = [
+            plan.tail.map(|t| t.0.chunk.len),
+            plan.head.map(|h| h.0.chunk.len),
+        ];
+        let aliased: Vec<usize> = aliased.into_iter().flatten().collect();
+        let mut lent = Vec::with_capacity(2);
+        if let Some((t, used)) = plan.tail {
+            let at = t.chunk_at + (t.chunk.len - used) as u64;
+            lent.push((t.slot, self.take_at(t.slot, t.piece, at, used)));
+        }
+        if let Some((h, used)) = plan.head {
+            lent.push((h.slot, self.take_at(h.slot, h.piece, h.chunk_at, used)));
+        }
+        let owned = owned.map(|handle| Chunk {
+            handle,
+            len: plan.new,
+        });
+        if let Some(c) = owned {
+            self.stats.reserved_bytes.increase(pool, c.len as u64);
+            self.stats.num_device_alloc += 1;
+        }
+        self.stats.segment.increase(pool, 1);
+        self.stats.alias_rescues += 1;
+        let slot = self.index.slot(StreamPool { stream, pool });
+        let rescue = Rescue {
+            va,
+            tail: last,
+            block,
+            owned,
+            lent,
+            aliased,
+            stream,
+        };
+        self.rescues.insert(start, rescue);
+        (slot, block)
+    }
+
+    /// Frees a rescued block (Note [Alias rescue]): its statistics now, its memory once its
+    /// stream's queued work is done: the rescue waits, dead, until the next allocation that
+    /// would grow, `empty_cache` or the last resort synchronizes the stream and tears it down.
+    /// No synchronization at the free itself, which may run inside the event processing that
+    /// completes a pending free (a synchronization there would complete other events in the
+    /// middle of it).
+    pub(super) fn end_rescue(&mut self, r: Rescue, block: &Block) {
+        let size = self.size_of(block);
+        self.stats
+            .count_inactive(PoolKind::Large, size, block.requested);
+        self.dead_rescues.push(r);
+    }
+
+    /// Tears down every dead rescue, synchronizing streams as needed; returns the first error.
+    pub(super) fn retry_dead_rescues(&mut self) -> Result<(), BackendError> {
+        let mut first = Ok(());
+        for r in std::mem::take(&mut self.dead_rescues) {
+            if let Err(e) = self.tear_down_rescue(r) {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    /// Synchronizes the rescue's stream, unmaps its reservation (one call: its mappings are
+    /// whole and adjacent, Note [Unmap runs]) and gives its parts back; on an error, keeps the
+    /// rescue, untouched, among the dead ones.
+    fn tear_down_rescue(&mut self, r: Rescue) -> Result<(), BackendError> {
+        let unmapped = self.sync_before_unmap(r.stream).and_then(|()| {
+            let unmapped = self.backend.unmap(r.va.start, r.va.len);
+            track(&mut self.stats, CallKind::Unmap, unmapped)
+        });
+        if let Err(e) = unmapped {
+            self.dead_rescues.push(r);
+            return Err(e);
+        }
+        let mut left = Leftover::reservation(r.va);
+        if let Some(c) = r.owned {
+            self.stats
+                .reserved_bytes
+                .decrease(PoolKind::Large, c.len as u64);
+            left = left.with_handle(c.handle, c.len);
+        }
+        self.give_back_or_defer(left);
+        self.stats.segment.decrease(PoolKind::Large, 1);
+        self.pieces.release_tiling(r.tail);
+        // A lent end merges with its free neighbours, which may hold the last free (Note [Last
+        // free]): forgotten, as wherever free ranges change outside a free.
+        self.last_free = None;
+        for (slot, piece) in r.lent {
+            self.make_free(slot, piece);
+        }
+        Ok(())
+    }
+
+    /// Gives every rescue's memory back, ignoring errors (teardown).
+    pub(super) fn abandon_rescues(&mut self) {
+        let all = std::mem::take(&mut self.rescues).into_values();
+        for r in all.chain(std::mem::take(&mut self.dead_rescues)) {
+            let _ = self.backend.unmap(r.va.start, r.va.len);
+            if let Some(c) = r.owned {
+                let _ = self.backend.release(c.handle);
+            }
+            let _ = self.backend.free_reservation(r.va);
+        }
+    }
+}

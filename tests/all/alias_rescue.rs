@@ -1,0 +1,237 @@
+//! Note [Alias rescue] (`src/expandable/rescue.rs`): where the last resort cannot serve a large
+//! request, the free tail of one partly used page and the free head of another, each mapped a
+//! second time, serve it.
+//!
+//! The scenario, on a 100 MiB device of 20 MiB pages, one stream: blocks of 16 and 8 MiB
+//! alternate (X0 Y0 X1 Y1 X2 Y2 X3, then Y3 of 12 MiB) and fill the device; Y0, Y1 and Y2 are
+//! freed. 24 MiB are free, in three ranges of 8 MiB, and no page is wholly free:
+//!
+//! ```text
+//!  page  0 [0,20)      1 [20,40)     2 [40,60)     3 [60,80)       4 [80,100)
+//!        X0 16 | Y0 4  Y0 4 | X1 16  Y1 8 | X2 12  X2 4 | Y2 8 | X3 8  X3 8 | Y3 12
+//! ```
+//!
+//! A 12 MiB request fits no range and the device has no room; page 0's free tail (4 MiB) and
+//! page 2's free head (8 MiB), mapped side by side in a new reservation, hold it exactly.
+
+use crate::expandable_pressure::on_device;
+use vmm_alloc::backend::{Backend, CallKind, HostBackend, HostConfig};
+use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::snapshot::BlockState;
+use vmm_alloc::{AllocError, Allocation, Allocator, DevAddr, ExpandableAllocator, StreamId};
+
+const MB: usize = 1 << 20;
+const S0: StreamId = StreamId::DEFAULT;
+
+/// The device full of partly used pages, with Y0, Y1 and Y2 freed; returns the live blocks
+/// X0, X1, X2, X3 and Y3.
+fn mosaic<B: Backend>(a: &ExpandableAllocator<B>) -> Vec<Allocation> {
+    let sizes = [16, 8, 16, 8, 16, 8, 16, 12];
+    let blocks: Vec<Allocation> = sizes
+        .iter()
+        .map(|&mb| a.allocate(mb * MB, S0).unwrap())
+        .collect();
+    for (i, b) in blocks.iter().enumerate() {
+        assert_eq!(
+            b.ptr().get() - blocks[0].ptr().get(),
+            sizes[..i].iter().sum::<usize>() as u64 * MB as u64
+        );
+    }
+    let mut live = Vec::new();
+    for (i, b) in blocks.into_iter().enumerate() {
+        if i % 2 == 1 && i < 6 {
+            a.deallocate(b).unwrap();
+        } else {
+            live.push(b);
+        }
+    }
+    a.check_invariants().unwrap();
+    live
+}
+
+fn without_rescue() -> ExpandableConfig {
+    ExpandableConfig {
+        alias_rescue: false,
+        ..ExpandableConfig::default()
+    }
+}
+
+#[test]
+fn two_free_ends_of_partly_used_pages_serve_a_request_nothing_else_can() {
+    // Without the rescue: PyTorch's last resort finds no whole free page, and the request fails.
+    let a = on_device(100 * MB, without_rescue());
+    let _live = mosaic(&a);
+    assert!(matches!(
+        a.allocate(12 * MB, S0),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    assert_eq!(a.stats().num_ooms, 1);
+
+    let a = on_device(100 * MB, ExpandableConfig::default());
+    let live = mosaic(&a);
+    let before = a.stats();
+    let c = a.allocate(12 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!(s.num_ooms, 0);
+    assert_eq!(s.num_alloc_retries, 1, "the last resort ran first");
+    // Nothing new: two maps of handles that already hold memory, no create.
+    assert_eq!(
+        s.calls.calls(CallKind::Create),
+        before.calls.calls(CallKind::Create)
+    );
+    assert_eq!(
+        s.calls.calls(CallKind::Map) - before.calls.calls(CallKind::Map),
+        2
+    );
+    assert_eq!(s.reserved_bytes.all.current, 100 * MB as u64);
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 100 * MB);
+    assert_eq!(
+        s.allocated_bytes.all.current,
+        (16 * 4 + 12 + 12) as u64 * MB as u64
+    );
+    // The block lies in a reservation of its own, shown as a segment: page 0's live bytes,
+    // the block, page 2's live bytes; the lent ends show unmapped at home.
+    let snap = a.snapshot();
+    assert_eq!(snap.segments.len(), 2);
+    let rescue = snap
+        .segments
+        .iter()
+        .find(|seg| seg.blocks.iter().any(|b| b.address == c.ptr()))
+        .unwrap();
+    let states: Vec<(usize, BlockState)> = rescue
+        .blocks
+        .iter()
+        .map(|b| (b.size / MB, b.state))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            (16, BlockState::Unmapped),
+            (12, BlockState::ActiveAllocated),
+            (12, BlockState::Unmapped)
+        ]
+    );
+    let mapped: usize = snap.segments.iter().map(|s| s.mapped_size).sum();
+    assert_eq!(mapped, 100 * MB, "each physical byte shown mapped once");
+    // Freed, the rescue waits for its stream's queued work: no synchronization at the free.
+    let syncs = a.stats().calls.calls(CallKind::Synchronize);
+    a.deallocate(c).unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().calls.calls(CallKind::Synchronize), syncs);
+    assert_eq!(
+        a.snapshot().segments.len(),
+        2,
+        "still mapped, its block inactive"
+    );
+    // Y2's place serves 8 MiB at once; the next 8 MiB would grow, so the stream is synchronized
+    // and the rescue torn down first: its ends are free at home again, Y0's and Y1's places,
+    // with no retry and nothing new created.
+    let retries = a.stats().num_alloc_retries;
+    let creates = a.stats().calls.calls(CallKind::Create);
+    let ys: Vec<Allocation> = (0..3).map(|_| a.allocate(8 * MB, S0).unwrap()).collect();
+    let at: Vec<u64> = ys
+        .iter()
+        .map(|y| (y.ptr().get() - live[0].ptr().get()) / MB as u64)
+        .collect();
+    assert_eq!(at, [64, 16, 40]);
+    a.check_invariants().unwrap();
+    assert_eq!(a.snapshot().segments.len(), 1);
+    assert_eq!(a.stats().segment.all.current, 1);
+    assert_eq!(a.stats().calls.calls(CallKind::Synchronize), syncs + 1);
+    assert_eq!(a.stats().num_alloc_retries, retries);
+    assert_eq!(a.stats().calls.calls(CallKind::Create), creates);
+    for y in ys {
+        a.deallocate(y).unwrap();
+    }
+    let again = a.allocate(12 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    for b in live.into_iter().chain([again]) {
+        a.deallocate(b).unwrap();
+    }
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+    assert_eq!(a.stats().reserved_bytes.all.current, 0);
+}
+
+#[test]
+fn a_rescue_maps_new_memory_between_the_ends_where_the_device_has_room() {
+    // A 108 MiB device: after the mosaic 8 MiB are left, less than a page. A 20 MiB request:
+    // page 0's tail (4), 8 MiB new, page 2's head (8).
+    let a = on_device(108 * MB, ExpandableConfig::default());
+    let live = mosaic(&a);
+    let before = a.stats();
+    let c = a.allocate(20 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!(s.num_ooms, 0);
+    assert_eq!(
+        s.calls.calls(CallKind::Create) - before.calls.calls(CallKind::Create),
+        1
+    );
+    assert_eq!(s.reserved_bytes.all.current, 108 * MB as u64);
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 108 * MB);
+    // 2 MiB more than the ends and the device's room hold cannot be rescued.
+    a.deallocate(c).unwrap();
+    a.check_invariants().unwrap();
+    assert!(matches!(
+        a.allocate(20 * MB + 2 * MB, S0),
+        Err(AllocError::OutOfMemory(_))
+    ));
+    a.check_invariants().unwrap();
+    for b in live {
+        a.deallocate(b).unwrap();
+    }
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+}
+
+/// On real memory (memfd pages mapped twice): what the rescued block holds reads back, and the
+/// live blocks on the aliased pages keep their bytes.
+#[test]
+fn a_rescued_block_keeps_real_bytes_right() {
+    let host = HostBackend::with_config(HostConfig {
+        capacity: 100 * MB,
+        ..HostConfig::default()
+    })
+    .unwrap();
+    let a = ExpandableAllocator::new(host, ExpandableConfig::default()).unwrap();
+    let live = mosaic(&a);
+    let fill = |at: DevAddr, len: usize, byte: u8| {
+        a.with_backend(|h| h.write(at, &vec![byte; len])).unwrap();
+    };
+    let read = |at: DevAddr, len: usize| {
+        let mut out = vec![0u8; len];
+        a.with_backend(|h| h.read(at, &mut out)).unwrap();
+        out
+    };
+    for (i, b) in live.iter().enumerate() {
+        fill(b.ptr(), b.size(), 0xA0 + i as u8);
+    }
+    let c = a.allocate(12 * MB, S0).unwrap();
+    fill(c.ptr(), 12 * MB, 0xCC);
+    assert!(read(c.ptr(), 12 * MB).iter().all(|&x| x == 0xCC));
+    for (i, b) in live.iter().enumerate() {
+        assert!(
+            read(b.ptr(), b.size()).iter().all(|&x| x == 0xA0 + i as u8),
+            "live block {i} kept its bytes"
+        );
+    }
+    // The lent ends are the block's bytes at home: page 0's tail and page 2's head.
+    let home = live[0].ptr().get();
+    assert!(read(DevAddr::new(home + 16 * MB as u64), 4 * MB)
+        .iter()
+        .all(|&x| x == 0xCC));
+    assert!(read(DevAddr::new(home + 40 * MB as u64), 8 * MB)
+        .iter()
+        .all(|&x| x == 0xCC));
+    a.check_invariants().unwrap();
+    a.deallocate(c).unwrap();
+    for b in live {
+        a.deallocate(b).unwrap();
+    }
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+}
