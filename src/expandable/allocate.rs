@@ -47,6 +47,11 @@ impl<B: Backend> State<B> {
                     let grown = self.grow_or_oom(stream, pool, rounded);
                     self.trim_to_bound();
                     let (slot, free) = grown?;
+                    if self.pieces.kind(free) == Some(Kind::Used) {
+                        // A rescued block, already carved (Note [Alias rescue]).
+                        let (at, len) = (self.pieces.get(free).start, self.pieces.get(free).len);
+                        return Ok(self.record_block(slot, free, (at, len, size), pool, stream));
+                    }
                     (slot, free, pool)
                 }
             },
@@ -56,12 +61,21 @@ impl<B: Backend> State<B> {
             self.pieces.get(free).len >= rounded,
             "growth returns a free range that fits"
         );
-        // A rescued block's piece is already carved (Note [Alias rescue]).
-        let piece = if self.pieces.kind(free) == Some(Kind::Used) {
-            free
-        } else {
-            self.take_front(slot, free, rounded)
-        };
+        let piece = self.take_front(slot, free, rounded);
+        Ok(self.record_block(slot, piece, (at, rounded, size), held_by, stream))
+    }
+
+    /// Records the block `[at, at + rounded)` of used piece `piece` as live for a request of
+    /// `size` on `stream`, counted in pool `held_by`, and returns the allocation.
+    #[inline(always)]
+    fn record_block(
+        &mut self,
+        slot: u32,
+        piece: PieceId,
+        (at, rounded, size): (u64, usize, usize),
+        held_by: PoolKind,
+        stream: StreamId,
+    ) -> crate::Allocation {
         self.live.insert(
             at,
             Block {
@@ -74,13 +88,13 @@ impl<B: Backend> State<B> {
         self.recent_frees.forget(at);
         // A borrowed block (Note [Borrowing]) counts in the pool whose memory holds it.
         self.stats.count_allocated(held_by, rounded, size);
-        Ok(crate::Allocation {
+        crate::Allocation {
             ptr: DevAddr::new(at),
             size: rounded,
             requested: size,
             stream,
             owner: self.owner,
-        })
+        }
     }
 
     /// Records block `[at, at + rounded)` for a request of `requested`, carved out of free piece
