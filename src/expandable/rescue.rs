@@ -84,8 +84,9 @@ struct Plan {
 impl<B: Backend> State<B> {
     /// Serves `rounded` bytes of `pool` on `stream` by an alias rescue (Note [Alias rescue]),
     /// if the free ends of two partly used pages and the device's room hold it; returns the
-    /// block's slot and piece (a used piece, already carved). On any driver error the state is
-    /// as before (what the driver would not take back is deferred) and `None` is returned.
+    /// block's slot and piece (a used piece, already carved). On any driver error the blocks and
+    /// free ranges are as before (what the driver would not take back is deferred; streams it
+    /// synchronized and cached handles it released stay so) and `None` is returned.
     pub(super) fn try_rescue(
         &mut self,
         stream: StreamId,
