@@ -229,14 +229,13 @@ impl<B: Backend> State<B> {
         match self.grow(stream, pool, rounded) {
             Ok(at) => Ok(at),
             Err(GrowFail::Backend(e)) => Err(e.into()),
-            Err(GrowFail::OutOfMemory) if self.config.alias_rescue => {
-                if let Some(found) = self.try_rescue(stream, pool, rounded) {
-                    return Ok(found);
-                }
-                self.stats.num_ooms += 1;
-                Err(self.oom_report(rounded, false))
-            }
             Err(fail) => {
+                // Note [Alias rescue]: the free ends of two partly used pages, mapped again.
+                if self.config.alias_rescue && matches!(fail, GrowFail::OutOfMemory) {
+                    if let Some(found) = self.try_rescue(stream, pool, rounded) {
+                        return Ok(found);
+                    }
+                }
                 self.stats.num_ooms += 1;
                 Err(self.oom_report(rounded, matches!(fail, GrowFail::OutOfAddresses)))
             }

@@ -23,9 +23,7 @@ impl<B: Backend> State<B> {
         self.process_events(true)?;
         // What the driver refused before is tried again; what it refuses again stays deferred.
         let _ = self.retry_deferred();
-        if !self.dead_rescues.is_empty() {
-            let _ = self.retry_dead_rescues();
-        }
+        let _ = self.retry_dead_rescues();
         // Only the segments with something to give back, in address order as before
         // (Note [Release index]).
         self.update_release_index();

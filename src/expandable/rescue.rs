@@ -15,22 +15,24 @@
 //!
 //! The block is `[t][new][h]`; the aliased bytes that hold other blocks are never handed out;
 //! `t` and `h` are lent: carved out of their homes' free ranges (used pieces that belong to no
-//! block) until the block is freed, when its stream is synchronized, the reservation unmapped,
-//! the new handle given back, and `t` and `h` are free at home again. It runs only where the
+//! block) until the block is freed. The freed rescue then waits, dead, until the next allocation
+//! that would grow, `empty_cache` or the last resort synchronizes its stream, unmaps the
+//! reservation and gives the new handle back, and `t` and `h` are free at home again. It runs
+//! only where the
 //! request would otherwise fail with an OOM, so no run that fits without it changes (a run at a
 //! capacity where the defaults succeed never reaches it); a rescue costs a reservation, up to
 //! three maps, a create and an access call, and a synchronization of each home stream other than
 //! the request's with frees since its last one (lent bytes must be quiet, Note [Syncs]; on the
 //! request's own stream they are, as for any reuse of a free range) and of the block's stream
-//! when it is freed, before its reservation is unmapped. Only large-pool requests, from large-pool pages (the snapshot shows the
-//! lent bytes in the rescue's segment, so both must be of one pool).
+//! before its reservation is unmapped. Only large-pool requests, from large-pool pages (the
+//! snapshot shows the lent bytes in the rescue's segment, so both must be of one pool).
 //!
 //! Accounting: `reserved_bytes` counts each physical byte once: the homes' chunks (lent bytes
 //! included) and each rescue's new handle. The snapshot shows each rescue as a segment of its
 //! own (its aliased ends unmapped, the block in the middle), and the lent bytes at home as
-//! unmapped, so its mapped bytes still sum to `reserved_bytes`. A rescue whose teardown the
-//! driver refused (the synchronization or the unmap) stays, dead, with its memory counted, until
-//! `empty_cache` or the next last resort tries again.
+//! unmapped, so its mapped bytes still sum to `reserved_bytes`. A dead rescue keeps its memory
+//! counted until it is torn down; one whose teardown the driver refuses (the synchronization or
+//! the unmap) stays dead for the next try.
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
 use crate::error::BackendError;

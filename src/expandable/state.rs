@@ -107,8 +107,8 @@ pub(crate) struct State<B: Backend> {
     pub(crate) owner: crate::allocator::AllocatorId,
     /// Blocks served by an alias rescue, by address (Note [Alias rescue] in `rescue.rs`).
     pub(crate) rescues: FxHashMap<u64, crate::expandable::rescue::Rescue>,
-    /// Rescues whose block was freed but whose teardown the driver refused: tried again by
-    /// `empty_cache` and the last resort.
+    /// Rescues whose block was freed, waiting for their teardown (Note [Alias rescue]): by the
+    /// next allocation that would grow, `empty_cache` or the last resort.
     pub(crate) dead_rescues: Vec<crate::expandable::rescue::Rescue>,
 }
 
