@@ -402,6 +402,7 @@ pub extern "C" fn vmm_alloc_config_json() -> *mut c_char {
             "batch_unmaps": c.batch_unmaps,
             "tail_takes_rest": c.tail_takes_rest,
             "alias_rescue": c.alias_rescue,
+            "rescue_after_oom": c.rescue_after_oom,
         });
         Ok(out_string(v.to_string()))
     })

@@ -251,6 +251,13 @@ pub struct ExpandableConfig {
     /// `expandable/rescue.rs`). Acts only where the request would otherwise fail with an OOM.
     /// Default on. PyTorch: no (the OOM is raised).
     pub alias_rescue: bool,
+    /// With `alias_rescue`, rescue on after an OOM was raised, too. Off (the default), an OOM
+    /// the rescue could not prevent pauses it until the next `empty_cache`: a program that
+    /// catches OOMs and goes on with a full device gets PyTorch's behaviour there, where rescues
+    /// pin partly used pages and beget more rescues (7 × the time at 25 % fewer failures on a
+    /// full device's churn; Note \[Alias rescue\] in `expandable/rescue.rs`). A run with no OOM
+    /// is the same with either.
+    pub rescue_after_oom: bool,
     /// Where the driver refuses a new segment's `va_factor ×` device memory of addresses (the
     /// process's address space is short: many streams × devices), reserve the request alone
     /// instead of failing it (Note \[Address space budget\] in `expandable/growth.rs`). Default
@@ -295,6 +302,7 @@ impl Default for ExpandableConfig {
             batch_unmaps: true,
             tail_takes_rest: true,
             alias_rescue: true,
+            rescue_after_oom: false,
             va_fallback: true,
         }
     }

@@ -9,7 +9,7 @@ use super::{ExpandableConfig, FrontCacheMode};
 const MB: f64 = (1u64 << 20) as f64;
 
 /// Our keys, each with what it sets (for the error that lists them).
-pub const OWN_KEYS: [(&str, &str); 28] = [
+pub const OWN_KEYS: [(&str, &str); 29] = [
     (
         "headroom_fraction",
         "ExpandableConfig::headroom_fraction, in [0, 1]",
@@ -86,6 +86,10 @@ pub const OWN_KEYS: [(&str, &str); 28] = [
         "ExpandableConfig::tail_takes_rest, true/false",
     ),
     ("alias_rescue", "ExpandableConfig::alias_rescue, true/false"),
+    (
+        "rescue_after_oom",
+        "ExpandableConfig::rescue_after_oom, true/false",
+    ),
     ("va_fallback", "ExpandableConfig::va_fallback, true/false"),
     (
         "stream_page_share",
@@ -244,6 +248,7 @@ impl ExpandableConfig {
                 "reuse_last_free_above" => c.reuse_last_free_above = number(key, value)?,
                 "tail_takes_rest" => c.tail_takes_rest = flag(key, value)?,
                 "alias_rescue" => c.alias_rescue = flag(key, value)?,
+                "rescue_after_oom" => c.rescue_after_oom = flag(key, value)?,
                 "va_fallback" => c.va_fallback = flag(key, value)?,
                 "stream_page_share" => c.stream_page_share = number(key, value)?,
                 "stream_page_floor_mb" => c.stream_page_floor = mebibytes(key, value)?,
@@ -270,7 +275,7 @@ mod tests {
                    give_back_before_foreign_sync:true,give_back_below_free_pages:0.2,\
                    give_back_below_all_free_pages:0.3,\
                    fine_pages_above:0.75,reuse_last_free_above:0.5,tail_takes_rest:false,\
-                   alias_rescue:false,\
+                   alias_rescue:false,rescue_after_oom:true,\
                    va_fallback:false,stream_page_share:0.1,stream_page_floor_mb:4";
         let c = ExpandableConfig::default().with_settings(all).unwrap();
         let expected = ExpandableConfig {
@@ -299,6 +304,7 @@ mod tests {
             reuse_last_free_above: 0.5,
             tail_takes_rest: false,
             alias_rescue: false,
+            rescue_after_oom: true,
             va_fallback: false,
             stream_page_share: 0.1,
             stream_page_floor: 4 << 20,

@@ -231,11 +231,15 @@ impl<B: Backend> State<B> {
             Err(GrowFail::Backend(e)) => Err(e.into()),
             Err(fail) => {
                 // Note [Alias rescue]: the free ends of two partly used pages, mapped again.
-                if self.config.alias_rescue && matches!(fail, GrowFail::OutOfMemory) {
+                // Paused by an OOM raised since the last `empty_cache`: rescues at a full
+                // device's edge pin pages and beget rescues.
+                let armed = !self.rescue_paused || self.config.rescue_after_oom;
+                if self.config.alias_rescue && armed && matches!(fail, GrowFail::OutOfMemory) {
                     if let Some(found) = self.try_rescue(stream, pool, rounded) {
                         return Ok(found);
                     }
                 }
+                self.rescue_paused = true;
                 self.stats.num_ooms += 1;
                 Err(self.oom_report(rounded, matches!(fail, GrowFail::OutOfAddresses)))
             }

@@ -13,7 +13,10 @@ use crate::units::DevAddr;
 
 impl<B: Backend> State<B> {
     pub(crate) fn empty_cache(&mut self) -> Result<(), AllocError> {
-        self.release_cached(true)
+        self.release_cached(true)?;
+        // The program asks for a fresh start, as after catching an OOM (Note [Alias rescue]).
+        self.rescue_paused = false;
+        Ok(())
     }
 
     /// PyTorch's `release_cached_blocks`: waits for pending frees, unmaps every fully-free page of

@@ -27,6 +27,16 @@
 //! before its reservation is unmapped. Only large-pool requests, from large-pool pages (the
 //! snapshot shows the lent bytes in the rescue's segment, so both must be of one pool).
 //!
+//! Paused after an OOM: an OOM the rescue could not prevent (one raised to the caller) pauses
+//! it until the next `empty_cache` (`rescue_after_oom` keeps it on). Its worth is the OOM it
+//! prevents, which usually ends a run; a program that catches OOMs and goes on at a full
+//! device's edge gets little from it there and pays for it: a rescued block pins the two pages
+//! whose ends it borrows, the requests after it find less whole-page memory and reach the last
+//! resort more often, and rescues beget rescues (the 64 MiB churn on a 16 GiB device: about 60
+//! rescues live at a time, 4 × the last resorts, 7 × the time, for 25 % fewer failures; at 256
+//! MiB more failures than without it). `empty_cache`, what such programs call after catching
+//! one before trying again, re-arms it. A run with no OOM is the same run either way.
+//!
 //! Accounting: `reserved_bytes` counts each physical byte once: the homes' chunks (lent bytes
 //! included) and each rescue's new handle. The snapshot shows each rescue as a segment of its
 //! own (its aliased ends unmapped, the block in the middle), and the lent bytes at home as
@@ -120,7 +130,7 @@ impl<B: Backend> State<B> {
         let (mut tail, mut head): (Option<End>, Option<End>) = (None, None);
         // An end beside a lent end is not lent: a chunk whose two ends are lent to rescues would
         // hold no byte of its own (the snapshot would show it all unmapped, as a parked page).
-        let lent: Vec<PieceId> = self
+        let lent: rustc_hash::FxHashSet<PieceId> = self
             .rescues
             .values()
             .chain(&self.dead_rescues)

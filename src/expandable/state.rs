@@ -110,6 +110,9 @@ pub(crate) struct State<B: Backend> {
     /// Rescues whose block was freed, waiting for their teardown (Note [Alias rescue]): by the
     /// next allocation that would grow, `empty_cache` or the last resort.
     pub(crate) dead_rescues: Vec<crate::expandable::rescue::Rescue>,
+    /// An OOM was raised since the last `empty_cache`: no rescue until then, unless
+    /// `rescue_after_oom` (Note [Alias rescue]).
+    pub(crate) rescue_paused: bool,
 }
 
 impl<B: Backend> State<B> {
@@ -162,6 +165,7 @@ impl<B: Backend> State<B> {
             next_segment_seq: 0,
             rescues: FxHashMap::default(),
             dead_rescues: Vec::new(),
+            rescue_paused: false,
             deferred: Deferred::default(),
             owner: crate::allocator::AllocatorId::fresh(),
         })

@@ -49,6 +49,16 @@ fn mosaic<B: Backend>(a: &ExpandableAllocator<B>) -> Vec<Allocation> {
     live
 }
 
+/// Frees `blocks` and empties the cache, checking the invariants before and after.
+fn free_all<B: Backend>(a: &ExpandableAllocator<B>, blocks: impl IntoIterator<Item = Allocation>) {
+    a.check_invariants().unwrap();
+    for b in blocks {
+        a.deallocate(b).unwrap();
+    }
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+}
+
 fn without_rescue() -> ExpandableConfig {
     ExpandableConfig {
         alias_rescue: false,
@@ -188,6 +198,54 @@ fn a_rescue_maps_new_memory_between_the_ends_where_the_device_has_room() {
     assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
 }
 
+/// An OOM the rescue could not prevent pauses it until `empty_cache` (Note [Alias rescue]):
+/// a program that catches OOMs and goes on at a full device's edge gets PyTorch's behaviour,
+/// unless `rescue_after_oom`.
+#[test]
+fn an_oom_raised_pauses_the_rescue_until_empty_cache() {
+    for after_oom in [false, true] {
+        let conf = ExpandableConfig {
+            rescue_after_oom: after_oom,
+            ..ExpandableConfig::default()
+        };
+        let a = on_device(100 * MB, conf);
+        let live = mosaic(&a);
+        // 14 MiB: more than the largest tail (4) and head (8) hold, and no room: raised.
+        assert!(matches!(
+            a.allocate(14 * MB, S0),
+            Err(AllocError::OutOfMemory(_))
+        ));
+        a.check_invariants().unwrap();
+        let before = a.stats();
+        assert_eq!(before.num_ooms, 1);
+        assert_eq!(before.alias_rescues, 0);
+        // 12 MiB, which the rescue serves on a fresh allocator (the first test).
+        let c = a.allocate(12 * MB, S0);
+        a.check_invariants().unwrap();
+        let c = if after_oom {
+            let c = c.unwrap();
+            assert_eq!(a.stats().alias_rescues, 1);
+            c
+        } else {
+            assert!(matches!(c, Err(AllocError::OutOfMemory(_))), "paused");
+            let s = a.stats();
+            assert_eq!((s.num_ooms, s.alias_rescues), (2, 0));
+            assert_eq!(
+                s.calls.calls(CallKind::Reserve),
+                before.calls.calls(CallKind::Reserve),
+                "no rescue tried"
+            );
+            // The program empties the cache and tries again: rescued.
+            a.empty_cache().unwrap();
+            let c = a.allocate(12 * MB, S0).unwrap();
+            assert_eq!(a.stats().alias_rescues, 1);
+            c
+        };
+        free_all(&a, live.into_iter().chain([c]));
+        assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+    }
+}
+
 /// On real memory (memfd pages mapped twice): what the rescued block holds reads back, and the
 /// live blocks on the aliased pages keep their bytes.
 #[test]
@@ -227,11 +285,5 @@ fn a_rescued_block_keeps_real_bytes_right() {
     assert!(read(DevAddr::new(home + 40 * MB as u64), 8 * MB)
         .iter()
         .all(|&x| x == 0xCC));
-    a.check_invariants().unwrap();
-    a.deallocate(c).unwrap();
-    for b in live {
-        a.deallocate(b).unwrap();
-    }
-    a.empty_cache().unwrap();
-    a.check_invariants().unwrap();
+    free_all(&a, live.into_iter().chain([c]));
 }

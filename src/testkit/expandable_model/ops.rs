@@ -126,6 +126,12 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
             handle_cache_limit: 64 << 20,
             ..ExpandableConfig::default()
         }),
+        // The alias rescue after OOMs too (Note [Alias rescue]): sequences go on after their
+        // OOMs, which pause it by default.
+        Just(ExpandableConfig {
+            rescue_after_oom: true,
+            ..ExpandableConfig::default()
+        }),
         // Most growths under pressure (Note [Headroom]): remap before create, exact tails.
         Just(ExpandableConfig {
             headroom_fraction: 0.75,
@@ -148,6 +154,7 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
         Just(ExpandableConfig {
             stream_page_share: 0.05,
             stream_page_floor: 2 << 20,
+            rescue_after_oom: true,
             ..ExpandableConfig::default()
         }),
         // The per-stream front cache (Note [Front cache], Note [Front allowance]): frees through
@@ -155,6 +162,7 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
         // allocations.
         Just(ExpandableConfig {
             front_cache: crate::config::FrontCacheMode::Always,
+            rescue_after_oom: true,
             ..ExpandableConfig::default()
         }),
         // The settings `vmm-replay advise` may recommend or a user may turn on, each with
