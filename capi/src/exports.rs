@@ -403,6 +403,7 @@ pub extern "C" fn vmm_alloc_config_json() -> *mut c_char {
             "tail_takes_rest": c.tail_takes_rest,
             "alias_rescue": c.alias_rescue,
             "rescue_after_oom": c.rescue_after_oom,
+            "skip_hopeless_growth": c.skip_hopeless_growth,
         });
         Ok(out_string(v.to_string()))
     })

@@ -258,6 +258,12 @@ pub struct ExpandableConfig {
     /// full device's churn; Note \[Alias rescue\] in `expandable/rescue.rs`). A run with no OOM
     /// is the same with either.
     pub rescue_after_oom: bool,
+    /// A growth that cannot get the memory it must map (the device's room, the handle cache and
+    /// every free page it may remap fall short) fails before it reserves, harvests or maps
+    /// anything (Note \[Hopeless growth\] in `expandable/hopeless.rs`): the same decisions with
+    /// fewer driver calls on every request that reaches the last resort. Default on. PyTorch:
+    /// off (the growth's calls are made and undone).
+    pub skip_hopeless_growth: bool,
     /// Where the driver refuses a new segment's `va_factor ×` device memory of addresses (the
     /// process's address space is short: many streams × devices), reserve the request alone
     /// instead of failing it (Note \[Address space budget\] in `expandable/growth.rs`). Default
@@ -303,6 +309,7 @@ impl Default for ExpandableConfig {
             tail_takes_rest: true,
             alias_rescue: true,
             rescue_after_oom: false,
+            skip_hopeless_growth: true,
             va_fallback: true,
         }
     }
@@ -339,6 +346,7 @@ impl ExpandableConfig {
             batch_unmaps: false,
             tail_takes_rest: false,
             alias_rescue: false,
+            skip_hopeless_growth: false,
             va_fallback: false,
             ..Self::default()
         }

@@ -9,7 +9,7 @@ use super::{ExpandableConfig, FrontCacheMode};
 const MB: f64 = (1u64 << 20) as f64;
 
 /// Our keys, each with what it sets (for the error that lists them).
-pub const OWN_KEYS: [(&str, &str); 29] = [
+pub const OWN_KEYS: [(&str, &str); 30] = [
     (
         "headroom_fraction",
         "ExpandableConfig::headroom_fraction, in [0, 1]",
@@ -89,6 +89,10 @@ pub const OWN_KEYS: [(&str, &str); 29] = [
     (
         "rescue_after_oom",
         "ExpandableConfig::rescue_after_oom, true/false",
+    ),
+    (
+        "skip_hopeless_growth",
+        "ExpandableConfig::skip_hopeless_growth, true/false",
     ),
     ("va_fallback", "ExpandableConfig::va_fallback, true/false"),
     (
@@ -249,6 +253,7 @@ impl ExpandableConfig {
                 "tail_takes_rest" => c.tail_takes_rest = flag(key, value)?,
                 "alias_rescue" => c.alias_rescue = flag(key, value)?,
                 "rescue_after_oom" => c.rescue_after_oom = flag(key, value)?,
+                "skip_hopeless_growth" => c.skip_hopeless_growth = flag(key, value)?,
                 "va_fallback" => c.va_fallback = flag(key, value)?,
                 "stream_page_share" => c.stream_page_share = number(key, value)?,
                 "stream_page_floor_mb" => c.stream_page_floor = mebibytes(key, value)?,
@@ -275,7 +280,7 @@ mod tests {
                    give_back_before_foreign_sync:true,give_back_below_free_pages:0.2,\
                    give_back_below_all_free_pages:0.3,\
                    fine_pages_above:0.75,reuse_last_free_above:0.5,tail_takes_rest:false,\
-                   alias_rescue:false,rescue_after_oom:true,\
+                   alias_rescue:false,rescue_after_oom:true,skip_hopeless_growth:false,\
                    va_fallback:false,stream_page_share:0.1,stream_page_floor_mb:4";
         let c = ExpandableConfig::default().with_settings(all).unwrap();
         let expected = ExpandableConfig {
@@ -305,6 +310,7 @@ mod tests {
             tail_takes_rest: false,
             alias_rescue: false,
             rescue_after_oom: true,
+            skip_hopeless_growth: false,
             va_fallback: false,
             stream_page_share: 0.1,
             stream_page_floor: 4 << 20,

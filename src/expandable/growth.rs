@@ -221,17 +221,17 @@ use crate::units::DevAddr;
 /// [Parked pages] in `parked.rs`) and the range the growth relies on (segment, from, to), whose
 /// chunks must not be harvested.
 #[derive(Clone, Copy)]
-struct Harvester {
-    stream: StreamId,
-    seg: SegmentKey,
-    from: u64,
-    to: u64,
+pub(super) struct Harvester {
+    pub(super) stream: StreamId,
+    pub(super) seg: SegmentKey,
+    pub(super) from: u64,
+    pub(super) to: u64,
 }
 
 /// A growth's remap candidates, listed on its first harvest (Note [Harvest list]), and the
 /// streams of the segments they were listed from (a stream may have none left).
-struct HarvestList {
-    cands: Vec<(SegmentKey, FreeChunk)>,
+pub(super) struct HarvestList {
+    pub(super) cands: Vec<(SegmentKey, FreeChunk)>,
     streams: Vec<StreamId>,
 }
 
@@ -329,15 +329,35 @@ impl<B: Backend> State<B> {
         rounded: usize,
     ) -> Result<(u32, PieceId), GrowFail> {
         let page = self.growth_page(stream, pool, rounded);
+        let g = self.granularity as u64;
+        let mut harvest = None;
         let target = match self.choose_target(stream, pool, rounded) {
             Some(t) => t,
-            None => self.new_segment(stream, pool, rounded, page)?,
+            None => {
+                // Note [Hopeless growth]: a new segment's reservation only if it can be mapped.
+                let need = rounded.next_multiple_of(self.granularity);
+                if self.hopeless(need, None, stream, &mut harvest) {
+                    return Err(GrowFail::OutOfMemory);
+                }
+                self.new_segment(stream, pool, rounded, page)?
+            }
         };
-        let g = self.granularity as u64;
         let need_end = (target.start + rounded as u64).next_multiple_of(g);
         let target = self.clear_parked(target, need_end)?;
         let map_end = need_end.min(target.hole_end);
         let slot = self.segments[&target.seg].slot;
+        if !target.new_segment {
+            let within = Harvester {
+                stream,
+                seg: target.seg,
+                from: target.start,
+                to: need_end,
+            };
+            let need = map_end.saturating_sub(target.hole_start) as usize;
+            if self.hopeless(need, Some(within), stream, &mut harvest) {
+                return Err(GrowFail::OutOfMemory);
+            }
+        }
         if map_end <= target.hole_start {
             // The free piece before the hole holds the block without mapping (possible when
             // `faithful_oversize` made the best-fit search pass it over).
@@ -348,7 +368,6 @@ impl<B: Backend> State<B> {
         // A page per step, unless harvested chunks are smaller.
         let mut grown: Vec<Grown> =
             Vec::with_capacity((map_end - target.hole_start) as usize / page + 1);
-        let mut harvest = None;
         let mut cursor = target.hole_start;
         while cursor < map_end {
             let room = (target.hole_end - cursor) as usize;
@@ -812,7 +831,7 @@ impl<B: Backend> State<B> {
     /// for the index both (the index's own update walked each of them first to find one free
     /// chunk, then this walk went over it again: a tenth of the churn bench's full-device time).
     /// Grouped by segment, each segment's chunks in address order.
-    fn harvest_candidates(&mut self, exclude: Harvester) -> HarvestList {
+    pub(super) fn harvest_candidates(&mut self, exclude: Harvester) -> HarvestList {
         let (ex_seg, ex_from, ex_to) = (exclude.seg, exclude.from, exclude.to);
         // The last growth's list, for its allocation (one list grown anew per growth was a
         // twentieth of a listing's cost).

@@ -24,6 +24,7 @@ mod free_ranges;
 mod front;
 mod growth;
 mod handle_cache;
+mod hopeless;
 mod last_free;
 mod parked;
 mod pieces;

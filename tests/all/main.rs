@@ -16,6 +16,7 @@ mod front_engage;
 mod fuzz_found;
 mod give_back_before_foreign_sync;
 mod harvest_order;
+mod hopeless_growth;
 mod last_free;
 mod model;
 mod parked_pages;

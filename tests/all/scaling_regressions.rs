@@ -268,13 +268,14 @@ fn expandable_release_steps_on_a_full_device(n: u64) -> u64 {
 #[test]
 fn a_failing_allocation_on_a_full_device_visits_no_unreleasable_segment_expandable() {
     let steps = [1 << 10, 1 << 14].map(expandable_release_steps_on_a_full_device);
-    // Each failure grows twice (before and after its last-resort release); each growth reserves
-    // a new, empty segment for the new stream, examined for the release index and listed by its
-    // harvest in one walk (Note [Harvest list]) before the rollback frees it: 2 visits per
-    // failure, none of them one of the `n` full segments.
+    // Each failure tries to grow twice (before and after its last-resort release); the device
+    // has no room and no segment a free chunk, so each growth is hopeless before it reserves
+    // (Note [Hopeless growth]): its harvest list visits the release index's segments, none. Not
+    // one of the `n` full segments is visited (before that check, each growth reserved a new
+    // segment and visited it once: 6).
     assert_eq!(
         steps,
-        [6, 6],
+        [0, 0],
         "1k and 16k streams: the visits of three failures"
     );
 }
