@@ -150,6 +150,10 @@ pub struct MemoryStats {
     /// where the last resort failed, the free ends of partly used pages were mapped a second
     /// time around new memory. Each of them would have been an OOM without it. Expandable only.
     pub alias_rescues: u64,
+    /// Requests served by a freed rescued block of their size and stream, mapped still (Note
+    /// \[Rescue revived\] in `expandable/rescue.rs`): no call, no synchronization, where a new
+    /// rescue would make about ten calls. Expandable only.
+    pub alias_revivals: u64,
     /// Bytes of the second mappings the alias rescues hold now: ends of partly used pages mapped
     /// again around a rescued block, no memory of their own (their handles are counted where
     /// they were first mapped), and any such mapping a failed rescue left for the driver to take

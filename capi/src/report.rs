@@ -119,6 +119,7 @@ pub fn stats_json(s: &MemoryStats, dev: &dyn DeviceOps, max_split_size: Option<u
         ("parked_bytes", s.parked_bytes),
         ("parked_pages", s.parked_pages),
         ("alias_rescues", s.alias_rescues),
+        ("alias_revivals", s.alias_revivals),
         ("alias_bytes", s.alias_bytes),
         ("alias_mappings", s.alias_mappings),
         ("driver_calls", s.calls.total()),

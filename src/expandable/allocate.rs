@@ -206,6 +206,10 @@ impl<B: Backend> State<B> {
         rounded: usize,
     ) -> Result<(u32, PieceId), AllocError> {
         if !self.dead_rescues.is_empty() {
+            // Note [Rescue revived]: a freed rescue of this very request serves it again.
+            if let Some(found) = self.revive_rescue(StreamPool { stream, pool }, rounded) {
+                return Ok(found);
+            }
             // Freed rescues give their ends back before anything grows (Note [Alias rescue]);
             // one the driver refuses waits for the next try.
             let _ = self.retry_dead_rescues();

@@ -198,6 +198,49 @@ fn a_rescue_maps_new_memory_between_the_ends_where_the_device_has_room() {
     assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
 }
 
+/// Note [Rescue revived]: the next request of the freed rescue's length on its stream is served
+/// from it, mapped still: no call, no synchronization; a request of another length tears it
+/// down first.
+#[test]
+fn a_freed_rescue_serves_the_next_request_of_its_length_without_a_call() {
+    let a = on_device(100 * MB, ExpandableConfig::default());
+    let live = mosaic(&a);
+    let c = a.allocate(12 * MB, S0).unwrap();
+    let at = c.ptr();
+    a.deallocate(c).unwrap();
+    a.check_invariants().unwrap();
+    let before = a.stats();
+    // Y2's place holds 8 MiB without growing: the rescue stays as it is.
+    let y = a.allocate(8 * MB, S0).unwrap();
+    let again = a.allocate(12 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!(again.ptr(), at, "the same block");
+    assert_eq!(s.calls.total(), before.calls.total(), "no driver call");
+    assert_eq!((s.alias_rescues, s.alias_revivals), (1, 1));
+    assert_eq!(
+        (s.num_ooms, s.num_alloc_retries),
+        (0, before.num_alloc_retries)
+    );
+    assert_eq!(s.reserved_bytes.all.current, 100 * MB as u64);
+    // Freed again; a 10 MiB request is not its length: the rescue is torn down first (its
+    // stream synchronized, its reservation unmapped), and as no free range at home is longer
+    // than 8 MiB, 10 MiB are rescued anew from the same two ends.
+    a.deallocate(again).unwrap();
+    let syncs = s.calls.calls(CallKind::Synchronize);
+    let other = a.allocate(10 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!((s.alias_rescues, s.alias_revivals), (2, 1));
+    assert_eq!(
+        s.calls.calls(CallKind::Synchronize),
+        syncs + 1,
+        "the teardown's"
+    );
+    free_all(&a, live.into_iter().chain([y, other]));
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+}
+
 /// An OOM the rescue could not prevent pauses it until `empty_cache` (Note [Alias rescue]):
 /// a program that catches OOMs and goes on at a full device's edge gets PyTorch's behaviour,
 /// unless `rescue_after_oom`.

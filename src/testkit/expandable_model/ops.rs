@@ -30,7 +30,7 @@ pub enum Bad {
 }
 
 /// One step. Picks are small and taken modulo the live count, so they shrink to 0.
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 pub enum Op {
     /// `allocate(size)` on a stream; it must succeed or fail with out-of-memory.
     Alloc {
@@ -41,6 +41,12 @@ pub enum Op {
     },
     /// `deallocate_ptr` of a live allocation.
     Free {
+        /// Which allocation, modulo the live count.
+        pick: usize,
+    },
+    /// A training step's pattern: a live allocation freed and its size asked again at once on
+    /// its stream (a freed rescue serves it again, Note [Rescue revived]).
+    Again {
         /// Which allocation, modulo the live count.
         pick: usize,
     },
@@ -84,6 +90,9 @@ fn size_strategy() -> impl Strategy<Value = usize> {
         4 => 1usize..=(1 << 20),
         3 => (1usize << 20)..(10 << 20),
         2 => (10usize << 20)..(48 << 20),
+        // A size that recurs, as a training step's do: a freed block's exact length asked again
+        // (Note [Last free], Note [Rescue revived]).
+        2 => Just(14usize << 20),
     ]
 }
 
@@ -101,6 +110,7 @@ pub fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
         10 => (size_strategy(), 0..STREAMS).prop_map(|(size, stream)| Op::Alloc { size, stream }),
         7 => (0usize..64).prop_map(|pick| Op::Free { pick }),
+        2 => (0usize..64).prop_map(|pick| Op::Again { pick }),
         2 => (0usize..64, 0..STREAMS).prop_map(|(pick, stream)| Op::RecordStream { pick, stream }),
         2 => (0..STREAMS).prop_map(|stream| Op::Hold { stream }),
         1 => (0..STREAMS).prop_map(|stream| Op::Release { stream }),
@@ -318,119 +328,135 @@ pub fn run<B: EmulatedBackend>(
     let mut last_freed: Option<DevAddr> = None;
     let mut squeezed_ooms = 0;
     let gen = |s: StreamId| backend.stream_generation(s);
-    for (step, op) in ops.iter().enumerate() {
-        match *op {
-            Op::Alloc { size, stream } => {
-                let stream = StreamId::sim(stream);
-                let gens: Vec<u64> = (0..STREAMS).map(|s| gen(StreamId::sim(s))).collect();
-                let retries = alloc.stats().num_alloc_retries;
-                let result = alloc.allocate(size, stream);
-                // The allocator looked at its events first, then (on the last-resort retry)
-                // waited for every stream its pending frees wait on.
-                model.process(|s| gens[s.raw() as usize]);
-                if alloc.stats().num_alloc_retries > retries {
+    // An `Again` runs as the free and the allocation it stands for, each checked as a step.
+    let mut queue: Vec<Op> = Vec::new();
+    for (step, &first) in ops.iter().enumerate() {
+        queue.push(first);
+        while let Some(op) = queue.pop() {
+            match op {
+                Op::Alloc { size, stream } => {
+                    let stream = StreamId::sim(stream);
+                    let gens: Vec<u64> = (0..STREAMS).map(|s| gen(StreamId::sim(s))).collect();
+                    let retries = alloc.stats().num_alloc_retries;
+                    let result = alloc.allocate(size, stream);
+                    // The allocator looked at its events first, then (on the last-resort retry)
+                    // waited for every stream its pending frees wait on.
+                    model.process(|s| gens[s.raw() as usize]);
+                    if alloc.stats().num_alloc_retries > retries {
+                        model.process_all();
+                    }
+                    match result {
+                        Ok(a) => {
+                            prop_assert_eq!(
+                                a.size(),
+                                round_size(size, &divisions),
+                                "step {}: a block of {} bytes is not PyTorch's round_size",
+                                step,
+                                size
+                            );
+                            let (s, e) = (a.ptr().get(), a.ptr().get() + a.size() as u64);
+                            prop_assert!(
+                                !model.overlaps_pending(s, e),
+                                "step {step}: {:?} reuses memory still in use by another stream",
+                                a.ptr()
+                            );
+                            model.note_blocked(stream, a.size());
+                            let pool = Model::pool_holding(&a, &alloc.snapshot())
+                                .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
+                            let l = Live {
+                                alloc: a,
+                                id: step as u64,
+                                uses: Vec::new(),
+                                pool,
+                            };
+                            if bytes {
+                                stamp(&backend, &l)?;
+                            }
+                            model.live.push(l);
+                            if last_freed == Some(DevAddr::new(s)) {
+                                last_freed = None;
+                            }
+                        }
+                        Err(e) => {
+                            prop_assert!(e.is_out_of_memory(), "step {step}: {e}");
+                            squeezed_ooms += !taken.is_empty() as u64;
+                        }
+                    }
+                }
+                Op::Free { pick } => {
+                    if model.live.is_empty() {
+                        continue;
+                    }
+                    let l = model.live.swap_remove(pick % model.live.len());
+                    if bytes {
+                        verify(&backend, &l, 0, 1).map_err(|e| fail(step, e))?;
+                    }
+                    alloc
+                        .deallocate_ptr(l.alloc.ptr())
+                        .map_err(|e| fail(step, e))?;
+                    last_freed = Some(l.alloc.ptr());
+                    model.freed(l, &held, gen);
+                }
+                Op::RecordStream { pick, stream } => {
+                    if model.live.is_empty() {
+                        continue;
+                    }
+                    let i = pick % model.live.len();
+                    let (s, l) = (StreamId::sim(stream), &mut model.live[i]);
+                    alloc
+                        .record_stream(l.alloc.ptr(), s)
+                        .map_err(|e| fail(step, e))?;
+                    if s != l.alloc.stream() && !l.uses.contains(&s) {
+                        l.uses.push(s);
+                    }
+                }
+                Op::Hold { stream } => {
+                    backend.hold_stream(StreamId::sim(stream));
+                    if !held.contains(&StreamId::sim(stream)) {
+                        held.push(StreamId::sim(stream));
+                    }
+                }
+                Op::Release { stream } => {
+                    let s = StreamId::sim(stream);
+                    backend.release_stream(s);
+                    held.retain(|&h| h != s);
+                    model.released(s);
+                }
+                Op::EmptyCache => {
+                    alloc.empty_cache().map_err(|e| fail(step, e))?;
                     model.process_all();
                 }
-                match result {
-                    Ok(a) => {
-                        prop_assert_eq!(
-                            a.size(),
-                            round_size(size, &divisions),
-                            "step {}: a block of {} bytes is not PyTorch's round_size",
-                            step,
-                            size
-                        );
-                        let (s, e) = (a.ptr().get(), a.ptr().get() + a.size() as u64);
-                        prop_assert!(
-                            !model.overlaps_pending(s, e),
-                            "step {step}: {:?} reuses memory still in use by another stream",
-                            a.ptr()
-                        );
-                        model.note_blocked(stream, a.size());
-                        let pool = Model::pool_holding(&a, &alloc.snapshot())
-                            .map_err(|e| TestCaseError::fail(format!("step {step}: {e}")))?;
-                        let l = Live {
-                            alloc: a,
-                            id: step as u64,
-                            uses: Vec::new(),
-                            pool,
-                        };
-                        if bytes {
-                            stamp(&backend, &l)?;
-                        }
-                        model.live.push(l);
-                        if last_freed == Some(DevAddr::new(s)) {
-                            last_freed = None;
-                        }
-                    }
-                    Err(e) => {
-                        prop_assert!(e.is_out_of_memory(), "step {step}: {e}");
-                        squeezed_ooms += !taken.is_empty() as u64;
+                Op::Squeeze { mb } => {
+                    let len = (mb << 20).next_multiple_of(backend.granularity());
+                    match backend.backend().create(len) {
+                        Ok(h) => taken.push(h),
+                        Err(e) => prop_assert!(e.is_out_of_memory(), "step {step}: {e}"),
                     }
                 }
-            }
-            Op::Free { pick } => {
-                if model.live.is_empty() {
+                Op::Unsqueeze => {
+                    if let Some(h) = taken.pop() {
+                        backend.backend().release(h).map_err(|e| fail(step, e))?;
+                    }
+                }
+                Op::Invalid { bad, pick } => {
+                    refused(&alloc, &model, bad, pick, last_freed).map_err(|e| fail(step, e))?
+                }
+                Op::Again { pick } => {
+                    if model.live.is_empty() {
+                        continue;
+                    }
+                    let i = pick % model.live.len();
+                    let a = &model.live[i].alloc;
+                    let (size, stream) = (a.size(), a.stream().raw());
+                    queue.push(Op::Alloc { size, stream });
+                    queue.push(Op::Free { pick: i });
                     continue;
                 }
-                let l = model.live.swap_remove(pick % model.live.len());
-                if bytes {
-                    verify(&backend, &l, 0, 1).map_err(|e| fail(step, e))?;
-                }
-                alloc
-                    .deallocate_ptr(l.alloc.ptr())
-                    .map_err(|e| fail(step, e))?;
-                last_freed = Some(l.alloc.ptr());
-                model.freed(l, &held, gen);
             }
-            Op::RecordStream { pick, stream } => {
-                if model.live.is_empty() {
-                    continue;
-                }
-                let i = pick % model.live.len();
-                let (s, l) = (StreamId::sim(stream), &mut model.live[i]);
-                alloc
-                    .record_stream(l.alloc.ptr(), s)
-                    .map_err(|e| fail(step, e))?;
-                if s != l.alloc.stream() && !l.uses.contains(&s) {
-                    l.uses.push(s);
-                }
-            }
-            Op::Hold { stream } => {
-                backend.hold_stream(StreamId::sim(stream));
-                if !held.contains(&StreamId::sim(stream)) {
-                    held.push(StreamId::sim(stream));
-                }
-            }
-            Op::Release { stream } => {
-                let s = StreamId::sim(stream);
-                backend.release_stream(s);
-                held.retain(|&h| h != s);
-                model.released(s);
-            }
-            Op::EmptyCache => {
-                alloc.empty_cache().map_err(|e| fail(step, e))?;
-                model.process_all();
-            }
-            Op::Squeeze { mb } => {
-                let len = (mb << 20).next_multiple_of(backend.granularity());
-                match backend.backend().create(len) {
-                    Ok(h) => taken.push(h),
-                    Err(e) => prop_assert!(e.is_out_of_memory(), "step {step}: {e}"),
-                }
-            }
-            Op::Unsqueeze => {
-                if let Some(h) = taken.pop() {
-                    backend.backend().release(h).map_err(|e| fail(step, e))?;
-                }
-            }
-            Op::Invalid { bad, pick } => {
-                refused(&alloc, &model, bad, pick, last_freed).map_err(|e| fail(step, e))?
-            }
+            let seen = std::mem::take(&mut backend.log().seen);
+            model.device_calls(&seen).map_err(|e| fail(step, e))?;
+            check_step(&alloc, &backend, &mut model, step, bytes)?;
         }
-        let seen = std::mem::take(&mut backend.log().seen);
-        model.device_calls(&seen).map_err(|e| fail(step, e))?;
-        check_step(&alloc, &backend, &mut model, step, bytes)?;
     }
     let reached = Reached {
         stats: alloc.stats(),

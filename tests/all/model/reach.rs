@@ -2,7 +2,7 @@
 //! little: growth, OOM under a small capacity and under another user's pressure, remap-defrag,
 //! handle reuse, the free-everything retry, several streams and pools at once, frees left pending
 //! on a held stream that block reuse, held memory made safe to unmap by a synchronize, and the
-//! alias rescue (Note [Alias rescue]).
+//! alias rescue (Note [Alias rescue]) and its revival (Note [Rescue revived]).
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -20,7 +20,7 @@ fn sequences_reach_the_interesting_states() {
         prop_oneof![Just(64usize), Just(128)],
         proptest::collection::vec(op_strategy(), 60..120),
     );
-    let mut t = [0u64; 11];
+    let mut t = [0u64; 12];
     for _ in 0..300 {
         let (config, capacity_mb, ops) = strategy.new_tree(&mut runner).unwrap().current();
         let sim = SimBackend::with_config(SimConfig {
@@ -44,12 +44,13 @@ fn sequences_reach_the_interesting_states() {
             // Segments alive at once: several streams and both pools.
             s.segment.all.peak,
             s.alias_rescues,
+            s.alias_revivals,
         ];
         for (i, x) in reached.into_iter().enumerate() {
             t[i] = if i == 9 { t[i].max(x) } else { t[i] + x };
         }
     }
-    let [maps, ooms, remapped, reuses, retries, pending, blocked, synced, squeezed, segments, rescues] =
+    let [maps, ooms, remapped, reuses, retries, pending, blocked, synced, squeezed, segments, rescues, revivals] =
         t;
     println!("reached: {t:?}");
     assert!(maps > 1000, "growth: {maps} pages mapped");
@@ -77,5 +78,9 @@ fn sequences_reach_the_interesting_states() {
     assert!(
         rescues > 50,
         "an alias rescue served only {rescues} requests"
+    );
+    assert!(
+        revivals > 5,
+        "a freed rescue served only {revivals} requests again"
     );
 }
