@@ -334,9 +334,16 @@ impl<B: Backend> State<B> {
         let target = match self.choose_target(stream, pool, rounded) {
             Some(t) => t,
             None => {
-                // Note [Hopeless growth]: a new segment's reservation only if it can be mapped.
+                // Note [Hopeless growth]: a new segment's reservation only if it can be mapped
+                // (it holds no chunk the growth relies on: nothing is excluded).
                 let need = rounded.next_multiple_of(self.granularity);
-                if self.hopeless(need, None, stream, &mut harvest) {
+                let nothing = Harvester {
+                    stream,
+                    seg: SegmentKey::MIN,
+                    from: 0,
+                    to: 0,
+                };
+                if self.hopeless(need, nothing, &mut harvest) {
                     return Err(GrowFail::OutOfMemory);
                 }
                 self.new_segment(stream, pool, rounded, page)?
@@ -346,15 +353,16 @@ impl<B: Backend> State<B> {
         let target = self.clear_parked(target, need_end)?;
         let map_end = need_end.min(target.hole_end);
         let slot = self.segments[&target.seg].slot;
+        // The growth relies on every free byte from the block's start to its end, beyond the hole too.
+        let exclude = Harvester {
+            stream,
+            seg: target.seg,
+            from: target.start,
+            to: need_end,
+        };
         if !target.new_segment {
-            let within = Harvester {
-                stream,
-                seg: target.seg,
-                from: target.start,
-                to: need_end,
-            };
             let need = map_end.saturating_sub(target.hole_start) as usize;
-            if self.hopeless(need, Some(within), stream, &mut harvest) {
+            if self.hopeless(need, exclude, &mut harvest) {
                 return Err(GrowFail::OutOfMemory);
             }
         }
@@ -372,13 +380,6 @@ impl<B: Backend> State<B> {
         while cursor < map_end {
             let room = (target.hole_end - cursor) as usize;
             let mut want = page.min(room);
-            // The growth relies on every free byte from the block's start to its end, beyond the hole too.
-            let exclude = Harvester {
-                stream,
-                seg: target.seg,
-                from: target.start,
-                to: need_end,
-            };
             let held: usize = grown.iter().map(|c| c.len).sum();
             let pressured = self.pressured(held, want);
             if self.config.pressure_tail && self.beyond_device(held, want) {

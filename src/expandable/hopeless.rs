@@ -13,21 +13,18 @@
 //! it) and the cached handles whatever their lengths; a driver that refuses memory the limit
 //! allows (another process's pressure) only lowers what the growth gets.
 
-use crate::backend::{Backend, StreamId};
+use crate::backend::Backend;
 use crate::expandable::growth::{HarvestList, Harvester};
-use crate::expandable::segment::SegmentKey;
 use crate::expandable::state::State;
 
 impl<B: Backend> State<B> {
-    /// Whether a growth on `stream` that must map `need` bytes cannot get them (Note [Hopeless
-    /// growth]); `within`: the range the growth relies on, whose chunks it may not harvest
-    /// (`None` for a new segment: nothing). Lists the harvest candidates into `harvest` when
-    /// the device's room alone falls short.
+    /// Whether a growth that must map `need` bytes cannot get them (Note [Hopeless growth]);
+    /// `exclude`: its stream and the range it relies on, whose chunks it may not harvest. Lists
+    /// the harvest candidates into `harvest` when the device's room alone falls short.
     pub(super) fn hopeless(
         &mut self,
         need: usize,
-        within: Option<Harvester>,
-        stream: StreamId,
+        exclude: Harvester,
         harvest: &mut Option<HarvestList>,
     ) -> bool {
         if !self.config.skip_hopeless_growth {
@@ -41,12 +38,6 @@ impl<B: Backend> State<B> {
         if !self.config.remap_defrag {
             return true;
         }
-        let exclude = within.unwrap_or(Harvester {
-            stream,
-            seg: SegmentKey::MIN,
-            from: 0,
-            to: 0,
-        });
         let list = match harvest {
             Some(list) => list,
             None => harvest.insert(self.harvest_candidates(exclude)),

@@ -349,11 +349,11 @@ impl<B: Backend> State<B> {
         key: StreamPool,
         rounded: usize,
     ) -> Option<(u32, PieceId)> {
+        if key.pool != PoolKind::Large {
+            return None;
+        }
         let fits = |r: &Rescue| r.stream == key.stream && self.pieces.get(r.block).len == rounded;
-        let i = match key.pool {
-            PoolKind::Large => self.dead_rescues.iter().position(fits)?,
-            PoolKind::Small => return None,
-        };
+        let i = self.dead_rescues.iter().position(fits)?;
         let r = self.dead_rescues.swap_remove(i);
         let block = r.block;
         self.rescues.insert(self.pieces.get(block).start, r);
