@@ -184,16 +184,9 @@ impl<B: Backend> State<B> {
             .collect()
     }
 
-    /// Chunks of `seg` lying wholly inside free pieces: their pages hold nothing and can be
-    /// unmapped. In address order: unmapping chunks in that order leaves each next one in a piece
-    /// of the same index (Note [Pieces]).
-    pub(crate) fn free_chunks(&self, seg: &Segment) -> Vec<FreeChunk> {
-        let mut out: Vec<FreeChunk> = self.free_chunks_downward(seg).collect();
-        out.reverse();
-        out
-    }
-
-    /// Whether `seg` has a chunk wholly inside a free piece: stops at the first one found.
+    /// Whether `seg` has a chunk wholly inside a free piece: stops at the first one found. A
+    /// walk of the tiling, for `check`'s reference: the allocator lists free chunks from the
+    /// best-fit index (Note [Indexed chunk listing] in `chunk_cache.rs`).
     pub(crate) fn has_free_chunk(&self, seg: &Segment) -> bool {
         self.free_chunks_downward(seg).next().is_some()
     }
@@ -205,7 +198,9 @@ impl<B: Backend> State<B> {
     /// the churn bench's full 16 GiB device (`replay/benches/churn.rs`, max256MiB) a walk met on
     /// average 613 chunks, 14 of them free, and 338 pieces, 81 of them free and a granule or
     /// longer; examining every chunk for each pressured growth's harvest list and each
-    /// release-index update was a third of the run's time.
+    /// release-index update was a third of the run's time. (Those listings now find the free
+    /// pieces in the best-fit index instead, Note [Indexed chunk listing]; the chunk search
+    /// inside each is this one's.)
     fn free_chunks_downward<'a>(
         &'a self,
         seg: &'a Segment,

@@ -754,8 +754,8 @@ impl<B: Backend> State<B> {
     /// (Note [Parked pages] in `parked.rs`) is taken without a synchronization too. Addresses
     /// are unique, so the list's order never decides.
     ///
-    /// One pass, and a segment's stream looked up once per run of its chunks (the list holds
-    /// them together), not twice per chunk: the search over the segments' map per candidate was
+    /// One pass, and a segment's stream looked up once per run of its chunks (a piece's are
+    /// listed together), not twice per chunk: the search over the segments' map per candidate was
     /// most of a harvest's selection on the churn bench's full device. Two shortcuts that decide
     /// nothing: with `quiet_only`, no pass at all when every stream listed needs a
     /// synchronization (none qualifies: on one stream with blocks freed since its last one,
@@ -828,10 +828,14 @@ impl<B: Backend> State<B> {
 
     /// Every fully-free chunk of every segment, outside `exclude`'s range. Only
     /// the segments of the release index can hold one (Note [Release index]); the segments of
-    /// the slots touched since it was last brought up to date are walked once, for the list and
-    /// for the index both (the index's own update walked each of them first to find one free
-    /// chunk, then this walk went over it again: a tenth of the churn bench's full-device time).
-    /// Grouped by segment, each segment's chunks in address order.
+    /// the slots touched since it was last brought up to date are brought up to date from the
+    /// same listing (the index's own update walked each of them first to find one free chunk,
+    /// then this walk went over it again: a tenth of the churn bench's full-device time). Each
+    /// slot's chunks are found from its best-fit index, not by a walk of every piece (Note
+    /// [Indexed chunk listing] in `chunk_cache.rs`), in the bins' order; with
+    /// `drain_after_sync`, whose drain takes them in the list's order, grouped by segment in the
+    /// order the release index brings them up (the touched slots' segments by `seq`, then the
+    /// untouched filed ones by address), each segment's chunks in address order.
     pub(super) fn harvest_candidates(&mut self, exclude: Harvester) -> HarvestList {
         let (ex_seg, ex_from, ex_to) = (exclude.seg, exclude.from, exclude.to);
         // The last growth's list, for its allocation (one list grown anew per growth was a
@@ -839,48 +843,51 @@ impl<B: Backend> State<B> {
         let mut out = std::mem::take(&mut self.harvest_spare);
         out.clear();
         let mut visited = 0;
-        // Lists the free chunks of `key` (Note [Chunk cache]) but those in `exclude`; whether it
-        // has one, excluded or not.
-        let list = |state: &mut Self, key: SegmentKey, out: &mut Vec<(SegmentKey, FreeChunk)>| {
-            let from = out.len();
-            let found = state.free_chunks_cached(key, out) > 0;
-            if key == ex_seg {
-                let mut kept = from;
-                for i in from..out.len() {
-                    let c = out[i].1;
-                    if c.at >= ex_to || c.at + c.chunk.len as u64 <= ex_from {
-                        out[kept] = out[i];
-                        kept += 1;
-                    }
-                }
-                out.truncate(kept);
-            }
-            out[from..].reverse();
-            found
-        };
         let touched = self.releasable.take_touched();
+        // Only Note [Drain after sync] takes the candidates in the list's order; every other
+        // choice is the greatest of a key that no two share (`best_candidate`) or a sum.
+        let ordered = self.config.drain_after_sync;
+        let mut listed = Vec::new();
+        let mut with_chunk = Vec::new();
         for &slot in &touched {
-            for key in self.segments_of_slot(slot) {
+            listed.clear();
+            self.slot_free_chunks(slot, &mut listed);
+            if ordered {
+                // The slot's segments in `segments_by_slot`'s order, chunks by address.
+                listed.sort_unstable_by_key(|&(seq, key, c)| (seq, key, c.at));
+            }
+            // Its segments, filed or not, with their chunks just listed (excluded ones too).
+            visited += self.file_slot(slot, &listed, &mut with_chunk);
+            out.extend(listed.iter().map(|&(_, key, c)| (key, c)));
+        }
+        // An untouched slot's segments with a chunk are all filed (Note [Release index]): its
+        // listing is theirs.
+        let mut touched_sorted = touched;
+        touched_sorted.sort_unstable();
+        let mut untouched: Vec<u32> = Vec::new();
+        for key in self.releasable.segments() {
+            let slot = self.segments[&key].slot;
+            if touched_sorted.binary_search(&slot).is_err() {
                 visited += 1;
-                let found = list(self, key, &mut out);
-                let s = &self.segments[&key];
-                // `has_releasable`, with the walk for a free chunk just done.
-                let has =
-                    found || !s.stuck.is_empty() || !s.parked.is_empty() || s.chunks.is_empty();
-                self.releasable.set(key, has);
+                if !untouched.contains(&slot) {
+                    untouched.push(slot);
+                }
             }
         }
-        let untouched: Vec<SegmentKey> = self
-            .releasable
-            .segments()
-            .filter(|k| !touched.contains(&self.segments[k].slot))
-            .collect();
-        for key in untouched {
-            visited += 1;
-            list(self, key, &mut out);
+        listed.clear();
+        for &slot in &untouched {
+            self.slot_free_chunks(slot, &mut listed);
         }
+        if ordered {
+            // The filed segments' order: by address.
+            listed.sort_unstable_by_key(|&(_, key, c)| (key, c.at));
+        }
+        out.extend(listed.iter().map(|&(_, key, c)| (key, c)));
         self.releasable.visits += visited;
-        // The list holds each segment's chunks together: one look-up per segment.
+        out.retain(|&(seg, c)| {
+            seg != ex_seg || c.at >= ex_to || c.at + c.chunk.len as u64 <= ex_from
+        });
+        // The streams listed, each segment's looked up once per run of its chunks.
         let mut streams: Vec<StreamId> = Vec::new();
         let mut last = None;
         for &(seg, _) in &out {

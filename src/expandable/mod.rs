@@ -236,6 +236,15 @@ impl<B: Backend> ExpandableAllocator<B> {
     pub fn chunk_walk_steps(&self) -> u64 {
         self.other_call().chunk_walk_steps.get()
     }
+
+    /// Pieces the listings of fully-free chunks (a pressured growth's remap candidates, the
+    /// release index, the release path) have examined so far: only free pieces long enough to
+    /// hold a chunk, found in the best-fit index, never the used pieces and gaps between them
+    /// (Note [Indexed chunk listing]). A test kit counter.
+    #[cfg(feature = "testkit")]
+    pub fn listed_free_pieces(&self) -> u64 {
+        self.other_call().listed_pieces
+    }
 }
 
 impl<B: Backend> std::fmt::Debug for ExpandableAllocator<B> {

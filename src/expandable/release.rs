@@ -1,6 +1,10 @@
 //! Giving memory back: `empty_cache` (PyTorch's `release_cached_blocks`), unmapping free
 //! chunks, freeing empty segments, trimming the handle cache, retrying what the driver refused.
 
+use std::collections::hash_map::Entry;
+
+use rustc_hash::FxHashMap;
+
 use crate::backend::{Backend, CallKind, PhysHandle};
 use crate::error::{AllocError, BackendError};
 use crate::expandable::pieces::PieceId;
@@ -10,6 +14,14 @@ use crate::mechanism::counters::track;
 use crate::mechanism::deferred::Leftover;
 use crate::stats::MemoryStats;
 use crate::units::DevAddr;
+
+/// `release_cached`'s listings of free chunks, per slot, each sorted by (segment, address).
+/// A listing stays true while only the segments already released change: each segment's pieces
+/// are its own. Emptied when a synchronization frees blocks, which may free chunks anywhere.
+#[derive(Default)]
+struct SlotListings {
+    by_slot: FxHashMap<u32, Vec<(u64, SegmentKey, FreeChunk)>>,
+}
 
 impl<B: Backend> State<B> {
     pub(crate) fn empty_cache(&mut self) -> Result<(), AllocError> {
@@ -32,12 +44,18 @@ impl<B: Backend> State<B> {
         self.update_release_index();
         let keys: Vec<SegmentKey> = self.releasable.segments().collect();
         self.releasable.visits += keys.len() as u64;
+        let mut listings = SlotListings::default();
         for seg in keys {
             self.unmap_stuck(seg)?;
-            let chunks = self.free_chunks(&self.segments[&seg]);
+            let chunks = self.listed_free_chunks(&mut listings, seg);
             let parked = !self.segments[&seg].parked.is_empty();
             if !chunks.is_empty() || parked {
+                let clock = self.pieces.clock();
                 self.sync_before_unmap(self.segments[&seg].stream)?;
+                // Blocks freed by the synchronization may have freed chunks anywhere.
+                if self.pieces.clock() != clock {
+                    listings.by_slot.clear();
+                }
             }
             // A synchronization unparked them already; without one the stream was quiet.
             self.unpark_segment(seg)?;
@@ -58,17 +76,64 @@ impl<B: Backend> State<B> {
         Ok(())
     }
 
+    /// The free chunks of segment `seg`, in address order (unmapping them in that order leaves
+    /// each next one in a piece of the same index, Note [Pieces]), from its slot's listing
+    /// (Note [Indexed chunk listing]), made once for all the slot's segments.
+    fn listed_free_chunks(
+        &mut self,
+        listings: &mut SlotListings,
+        seg: SegmentKey,
+    ) -> Vec<FreeChunk> {
+        let slot = self.segments[&seg].slot;
+        let listed = match listings.by_slot.entry(slot) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let mut listed = Vec::new();
+                self.slot_free_chunks(slot, &mut listed);
+                listed.sort_unstable_by_key(|&(_, key, c)| (key, c.at));
+                e.insert(listed)
+            }
+        };
+        let from = listed.partition_point(|&(_, key, _)| key < seg);
+        let to = listed.partition_point(|&(_, key, _)| key <= seg);
+        listed[from..to].iter().map(|&(_, _, c)| c).collect()
+    }
+
     /// Re-examines the segments of the slots touched since the last call, so that the release
     /// index holds exactly the segments with something to give back (Note [Release index]).
     pub(crate) fn update_release_index(&mut self) {
+        let (mut listed, mut with_chunk) = (Vec::new(), Vec::new());
         for slot in self.releasable.take_touched() {
-            let keys = self.segments_of_slot(slot);
-            self.releasable.visits += keys.len() as u64;
-            for seg in keys {
-                let has = self.has_releasable(&self.segments[&seg]);
-                self.releasable.set(seg, has);
-            }
+            listed.clear();
+            self.slot_free_chunks(slot, &mut listed);
+            let visited = self.file_slot(slot, &listed, &mut with_chunk);
+            self.releasable.visits += visited;
         }
+    }
+
+    /// Files each segment of slot `slot` in the release index or takes it out, `listed` being
+    /// the slot's free chunks (`slot_free_chunks`): `has_releasable` without a walk. Returns how
+    /// many segments it examined. `with_chunk`: scratch space.
+    pub(crate) fn file_slot(
+        &mut self,
+        slot: u32,
+        listed: &[(u64, SegmentKey, FreeChunk)],
+        with_chunk: &mut Vec<SegmentKey>,
+    ) -> u64 {
+        with_chunk.clear();
+        with_chunk.extend(listed.iter().map(|&(_, key, _)| key));
+        with_chunk.sort_unstable();
+        with_chunk.dedup();
+        let keys = self.segments_of_slot(slot);
+        for &key in &keys {
+            let s = &self.segments[&key];
+            let has = !s.stuck.is_empty()
+                || !s.parked.is_empty()
+                || s.chunks.is_empty()
+                || with_chunk.binary_search(&key).is_ok();
+            self.releasable.set(key, has);
+        }
+        keys.len() as u64
     }
 
     /// Whether `seg` has something `release_cached` gives back: a stuck or parked chunk, a chunk

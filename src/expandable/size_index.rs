@@ -150,6 +150,24 @@ impl SizeIndex {
         self.hot == Some(e) || self.bins[class_of(e.len)].contains(&e)
     }
 
+    /// Calls `f` with every range of at least `len` bytes, in no particular order: the
+    /// non-empty bins from `len`'s class up (the first may also hold shorter ones, skipped) and
+    /// the hot range (Note [Indexed chunk listing] in `chunk_cache.rs`).
+    pub(crate) fn for_each_at_least(&self, len: usize, mut f: impl FnMut(FreeRange)) {
+        let mut from = class_of(len);
+        while let Some(c) = self.next_nonempty(from) {
+            self.bins[c].for_each(|r| {
+                if r.len >= len {
+                    f(r);
+                }
+            });
+            from = c + 1;
+        }
+        if let Some(h) = self.hot.filter(|h| h.len >= len) {
+            f(h);
+        }
+    }
+
     /// Every entry, in no particular order.
     #[cfg(test)]
     fn iter(&self) -> impl Iterator<Item = FreeRange> + '_ {

@@ -225,6 +225,16 @@ impl<T: Ord + Copy> SortedRuns<T> {
         true
     }
 
+    /// Calls `f` with every entry, in no particular order.
+    #[inline]
+    pub(crate) fn for_each(&self, mut f: impl FnMut(T)) {
+        for run in &self.runs {
+            for &x in run {
+                f(x);
+            }
+        }
+    }
+
     /// Every entry, in ascending order.
     #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = T> + '_ {

@@ -73,6 +73,9 @@ pub(crate) struct State<B: Backend> {
     /// Chunks the free-chunk walks have examined so far (Note [Free chunk walk] in
     /// `free_ranges.rs`; a test kit counter). A `Cell`: the walks only read the state.
     pub(crate) chunk_walk_steps: std::cell::Cell<u64>,
+    /// Free pieces the chunk listings have examined so far (Note [Indexed chunk listing] in
+    /// `chunk_cache.rs`; a test kit counter).
+    pub(crate) listed_pieces: u64,
     /// The fully-free chunks of free pieces, kept between pressured growths (Note [Chunk cache]).
     pub(crate) chunk_cache: ChunkCache,
     /// The last pressured growth's remap candidates, emptied: kept for its allocation.
@@ -150,6 +153,7 @@ impl<B: Backend> State<B> {
             pieces: Pieces::default(),
             releasable: ReleaseIndex::default(),
             chunk_walk_steps: std::cell::Cell::new(0),
+            listed_pieces: 0,
             chunk_cache: ChunkCache::default(),
             harvest_spare: Vec::new(),
             live: FxHashMap::default(),
