@@ -29,7 +29,7 @@ pub(crate) struct Mapping {
 /// What is left of one reservation the allocator gave up: mappings still to unmap, handles
 /// unmapped but still to release, and the reservation itself, given back in that order. Each
 /// step done is forgotten, so a retry goes on from where the last one stopped.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Leftover {
     /// Second mappings of handles that belong elsewhere (Note [Alias rescue] in
     /// `expandable/rescue.rs`): unmapped first, their handles left alone.

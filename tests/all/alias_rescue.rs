@@ -198,6 +198,38 @@ fn a_rescue_maps_new_memory_between_the_ends_where_the_device_has_room() {
     assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
 }
 
+/// Note [Rescue from the cache]: the rescue's new bytes come from the handles the last resort
+/// just unmapped into the cache before any is created. A 120 MiB device: the mosaic, then a
+/// 20 MiB block Z on page 5, freed. A 32 MiB request fits no free range; the growth at page 5
+/// cannot map the 12 MiB beyond it (the device is full), the last resort unmaps page 5 into
+/// the cache, and the growth again cannot map 32 MiB from 20. Rescued: page 0's tail (4), page
+/// 5's cached handle (20), page 2's head (8). Before, the rescue released the cached handle
+/// and created another of the same length.
+#[test]
+fn a_rescue_maps_the_cached_handles_before_creating_any() {
+    let a = on_device(120 * MB, ExpandableConfig::default());
+    let live = mosaic(&a);
+    let z = a.allocate(20 * MB, S0).unwrap();
+    a.deallocate(z).unwrap();
+    let before = a.stats();
+    let c = a.allocate(32 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!((s.alias_rescues, s.num_ooms), (1, 0));
+    let calls = |kind| s.calls.calls(kind) - before.calls.calls(kind);
+    assert_eq!(
+        (calls(CallKind::Create), calls(CallKind::Release)),
+        (0, 0),
+        "the cached handle mapped, none created or released"
+    );
+    assert_eq!(s.bytes_created, before.bytes_created);
+    assert_eq!(s.handle_reuses, before.handle_reuses + 1);
+    assert_eq!(s.reserved_bytes.all.current, 120 * MB as u64);
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 120 * MB);
+    free_all(&a, live.into_iter().chain([c]));
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+}
+
 /// Note [Rescue revived]: the next request of the freed rescue's length on its stream is served
 /// from it, mapped still: no call, no synchronization; a request of another length tears it
 /// down first.

@@ -35,7 +35,7 @@ impl<B: Backend> State<B> {
         let live = self.rescues.iter().map(|(&at, r)| (Some(at), r));
         for (at, r) in live.chain(self.dead_rescues.iter().map(|r| (None, r))) {
             sums.count += 1;
-            sums.owned += r.owned.map_or(0, |c| c.len);
+            sums.owned += r.owned.iter().map(|c| c.len).sum::<usize>();
             let broken = |place: u64| V::Tiling {
                 segment: r.va.start,
                 at: DevAddr::new(place),
