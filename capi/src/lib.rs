@@ -12,6 +12,9 @@
 //! Backend by `VMM_ALLOC_BACKEND` (`cuda`, the default; `host`: real bytes in host memory, no
 //! GPU needed; `sim`), configuration by `PYTORCH_CUDA_ALLOC_CONF` and `VMM_ALLOC_CONF` (or
 //! [`vmm_alloc_configure`]), one allocator per device created on its first use.
+// The configuration JSON of `exports.rs` is one `serde_json::json!` of every setting, past the
+// macro's default recursion limit of 128.
+#![recursion_limit = "256"]
 #![deny(
     unsafe_op_in_unsafe_fn,
     clippy::undocumented_unsafe_blocks,

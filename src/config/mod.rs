@@ -264,6 +264,12 @@ pub struct ExpandableConfig {
     /// fewer driver calls on every request that reaches the last resort. Default on. PyTorch:
     /// off (the growth's calls are made and undone).
     pub skip_hopeless_growth: bool,
+    /// After the last resort (every free page unmapped, the request retried) serves a request,
+    /// the pages it unmapped and nothing used are mapped back where they were, as free memory of
+    /// their streams, instead of released at the call's end and created again by the growths
+    /// after it (Note \[Pages put back\] in `expandable/put_back.rs`). A call that raises an OOM
+    /// still gives them all back. Default on. PyTorch: off.
+    pub put_back_after_retry: bool,
     /// Where the driver refuses a new segment's `va_factor ×` device memory of addresses (the
     /// process's address space is short: many streams × devices), reserve the request alone
     /// instead of failing it (Note \[Address space budget\] in `expandable/growth.rs`). Default
@@ -310,6 +316,7 @@ impl Default for ExpandableConfig {
             alias_rescue: true,
             rescue_after_oom: false,
             skip_hopeless_growth: true,
+            put_back_after_retry: true,
             va_fallback: true,
         }
     }
@@ -347,6 +354,7 @@ impl ExpandableConfig {
             tail_takes_rest: false,
             alias_rescue: false,
             skip_hopeless_growth: false,
+            put_back_after_retry: false,
             va_fallback: false,
             ..Self::default()
         }

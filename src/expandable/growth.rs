@@ -244,11 +244,11 @@ type HarvestKey<A> = (bool, bool, A);
 type Place = (u64, u64);
 
 /// One chunk mapped by the growth in progress, and where its handle came from.
-struct Grown {
-    at: u64,
-    handle: PhysHandle,
-    len: usize,
-    from_cache: bool,
+pub(crate) struct Grown {
+    pub(crate) at: u64,
+    pub(crate) handle: PhysHandle,
+    pub(crate) len: usize,
+    pub(crate) from_cache: bool,
 }
 
 impl<B: Backend> State<B> {
@@ -949,7 +949,7 @@ impl<B: Backend> State<B> {
     /// unset), and growth must not map over it: it is recorded in its segment's `stuck` map,
     /// which `holes` treats as occupied, and is unmapped again by `empty_cache` and teardown.
     /// It is not counted in `reserved_bytes`: no allocation can use it.
-    fn unmap_grown(&mut self, grown: Vec<Grown>) -> Vec<Grown> {
+    pub(crate) fn unmap_grown(&mut self, grown: Vec<Grown>) -> Vec<Grown> {
         let (Some(first), Some(last)) = (grown.first(), grown.last()) else {
             return grown;
         };

@@ -73,6 +73,31 @@ impl HandleCache {
         self.take_at(i)
     }
 
+    /// Takes out of the cache every handle of `wanted` it holds, with its length, in no order.
+    pub(crate) fn take_these(
+        &mut self,
+        wanted: &rustc_hash::FxHashSet<PhysHandle>,
+    ) -> Vec<(PhysHandle, usize)> {
+        let mut taken = Vec::new();
+        for (len, list) in &mut self.by_len {
+            list.retain(|h| {
+                let take = wanted.contains(h);
+                if take {
+                    taken.push((*h, *len));
+                }
+                !take
+            });
+        }
+        for (_, list) in self.by_len.extract_if(.., |e| e.1.is_empty()) {
+            self.spare.push(list);
+        }
+        for &(_, len) in &taken {
+            self.bytes -= len;
+            self.count -= 1;
+        }
+        taken
+    }
+
     /// The largest cached handle, to release.
     pub(crate) fn take_largest(&mut self) -> Option<(PhysHandle, usize)> {
         let last = self.by_len.len().checked_sub(1)?;

@@ -28,6 +28,7 @@ mod hopeless;
 mod last_free;
 mod parked;
 mod pieces;
+mod put_back;
 mod recent_frees;
 mod releasable;
 mod release;

@@ -8,6 +8,7 @@ use rustc_hash::FxHashMap;
 use crate::backend::{Backend, CallKind, PhysHandle};
 use crate::error::{AllocError, BackendError};
 use crate::expandable::pieces::PieceId;
+use crate::expandable::put_back::Unmapped;
 use crate::expandable::segment::{Chunk, FreeChunk, Segment, SegmentKey};
 use crate::expandable::state::State;
 use crate::mechanism::counters::track;
@@ -25,7 +26,7 @@ struct SlotListings {
 
 impl<B: Backend> State<B> {
     pub(crate) fn empty_cache(&mut self) -> Result<(), AllocError> {
-        self.release_cached(true)?;
+        self.release_cached(true, None)?;
         // The program asks for a fresh start, as after catching an OOM (Note [Alias rescue]).
         self.rescue_paused = false;
         Ok(())
@@ -33,12 +34,17 @@ impl<B: Backend> State<B> {
 
     /// PyTorch's `release_cached_blocks`: waits for pending frees, unmaps every fully-free page of
     /// every segment, frees segments left with no page, and (with `trim`) releases cached handles
-    /// beyond the cache limit.
-    pub(crate) fn release_cached(&mut self, trim: bool) -> Result<(), AllocError> {
+    /// beyond the cache limit. `unmapped`, if given, receives each free chunk unmapped, with its
+    /// segment, in the order unmapped (Note [Pages put back] in `put_back.rs`).
+    pub(crate) fn release_cached(
+        &mut self,
+        trim: bool,
+        mut unmapped: Option<&mut Vec<Unmapped>>,
+    ) -> Result<(), AllocError> {
         self.process_events(true)?;
         // What the driver refused before is tried again; what it refuses again stays deferred.
         let _ = self.retry_deferred();
-        let _ = self.retry_dead_rescues();
+        let _ = self.retry_dead_rescues(false);
         // Only the segments with something to give back, in address order as before
         // (Note [Release index]).
         self.update_release_index();
@@ -60,6 +66,9 @@ impl<B: Backend> State<B> {
             // A synchronization unparked them already; without one the stream was quiet.
             self.unpark_segment(seg)?;
             self.unmap_free_chunks(seg, &chunks)?;
+            if let Some(out) = unmapped.as_deref_mut() {
+                self.record_unmapped(seg, &chunks, out);
+            }
             let s = &self.segments[&seg];
             if s.chunks.is_empty() && s.stuck.is_empty() && s.parked.is_empty() {
                 self.free_segment(seg)?;

@@ -71,9 +71,12 @@
 //! counted until it is torn down; one whose teardown the driver refuses (the synchronization or
 //! the unmap) stays dead for the next try.
 
-use crate::backend::{Backend, CallKind, StreamId};
+use rustc_hash::FxHashSet;
+
+use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
 use crate::error::BackendError;
 use crate::expandable::pieces::{Kind, PieceId};
+use crate::expandable::put_back::Unmapped;
 use crate::expandable::segment::Chunk;
 use crate::expandable::size_index::StreamPool;
 use crate::expandable::state::{Block, State};
@@ -96,6 +99,9 @@ pub(crate) struct Rescue {
     pub(crate) owned: Vec<Chunk>,
     /// (home slot, lent piece) of each end.
     pub(crate) lent: Vec<(u32, PieceId)>,
+    /// Where the owned handles the last resort unmapped were mapped before it: put back there
+    /// when the rescue is torn down before a growth (Note [Pages put back] in `put_back.rs`).
+    pub(crate) homes: Vec<Unmapped>,
     /// The length of each alias (the lent ends' chunks, mapped a second time here).
     pub(crate) aliased: Vec<usize>,
     /// The block's stream, synchronized before the reservation is unmapped.
@@ -373,6 +379,7 @@ impl<B: Backend> State<B> {
             block,
             owned,
             lent,
+            homes: Vec::new(),
             aliased,
             stream,
         };
@@ -414,14 +421,39 @@ impl<B: Backend> State<B> {
     }
 
     /// Tears down every dead rescue, synchronizing streams as needed; returns the first error.
-    pub(super) fn retry_dead_rescues(&mut self) -> Result<(), BackendError> {
+    /// With `put_back`, the owned handles that were free pages before the last resort that made
+    /// the rescue are mapped back where they were (Note [Pages put back] in `put_back.rs`).
+    pub(super) fn retry_dead_rescues(&mut self, put_back: bool) -> Result<(), BackendError> {
         let mut first = Ok(());
-        for r in std::mem::take(&mut self.dead_rescues) {
-            if let Err(e) = self.tear_down_rescue(r) {
-                first = first.and(Err(e));
+        for mut r in std::mem::take(&mut self.dead_rescues) {
+            let (homes, stream) = (std::mem::take(&mut r.homes), r.stream);
+            match self.tear_down_rescue(r) {
+                Ok(()) if put_back => self.put_back(&homes, stream),
+                Ok(()) => {}
+                Err(e) => {
+                    if let Some(r) = self.dead_rescues.last_mut() {
+                        r.homes = homes;
+                    }
+                    first = first.and(Err(e));
+                }
             }
         }
         first
+    }
+
+    /// Keeps with the rescue whose block is `block` the pages of `unmapped` (the last resort's)
+    /// whose handles it took from the cache (Note [Pages put back] in `put_back.rs`).
+    pub(super) fn keep_rescue_homes(&mut self, block: PieceId, unmapped: &[Unmapped]) {
+        let start = self.pieces.get(block).start;
+        let Some(r) = self.rescues.get_mut(&start) else {
+            return;
+        };
+        let owned: FxHashSet<PhysHandle> = r.owned.iter().map(|c| c.handle).collect();
+        r.homes = unmapped
+            .iter()
+            .filter(|u| owned.contains(&u.handle()))
+            .copied()
+            .collect();
     }
 
     /// Synchronizes the rescue's stream, unmaps its reservation (one call: its mappings are

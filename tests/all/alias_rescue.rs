@@ -25,7 +25,7 @@ const S0: StreamId = StreamId::DEFAULT;
 
 /// The device full of partly used pages, with Y0, Y1 and Y2 freed; returns the live blocks
 /// X0, X1, X2, X3 and Y3.
-fn mosaic<B: Backend>(a: &ExpandableAllocator<B>) -> Vec<Allocation> {
+pub(crate) fn mosaic<B: Backend>(a: &ExpandableAllocator<B>) -> Vec<Allocation> {
     let sizes = [16, 8, 16, 8, 16, 8, 16, 12];
     let blocks: Vec<Allocation> = sizes
         .iter()
@@ -50,7 +50,10 @@ fn mosaic<B: Backend>(a: &ExpandableAllocator<B>) -> Vec<Allocation> {
 }
 
 /// Frees `blocks` and empties the cache, checking the invariants before and after.
-fn free_all<B: Backend>(a: &ExpandableAllocator<B>, blocks: impl IntoIterator<Item = Allocation>) {
+pub(crate) fn free_all<B: Backend>(
+    a: &ExpandableAllocator<B>,
+    blocks: impl IntoIterator<Item = Allocation>,
+) {
     a.check_invariants().unwrap();
     for b in blocks {
         a.deallocate(b).unwrap();

@@ -20,6 +20,7 @@ mod hopeless_growth;
 mod last_free;
 mod model;
 mod parked_pages;
+mod put_back;
 mod pytorch_parity;
 mod pytorch_rounding;
 mod scaling_regressions;

@@ -1,0 +1,96 @@
+//! Note [Pages put back] (`src/expandable/put_back.rs`): the free pages the last resort unmapped
+//! and the request did not keep are mapped back where they were, not released and created again.
+//!
+//! The scenario: the alias rescue's mosaic (`alias_rescue.rs`: five 20 MiB pages, each partly
+//! used, Y0, Y1 and Y2 freed) on a 120 MiB device, plus page 5 mapped and free. A 32 MiB request
+//! fits no free range and the device has no room: the last resort unmaps page 5 into the handle
+//! cache, and the rescue serves the request from page 0's free tail (4 MiB), page 5's handle
+//! (20) and page 2's free head (8). The rescued block is freed; two 6 MiB requests follow: the
+//! first fits Y2, the second fits nothing until the dead rescue is torn down and its two ends
+//! are free at home again.
+
+use crate::alias_rescue::{free_all, mosaic};
+use crate::expandable_pressure::on_device;
+use vmm_alloc::backend::{Backend, CallKind, SimBackend};
+use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::{Allocator, ExpandableAllocator, MemoryStats, StreamId};
+
+const MB: usize = 1 << 20;
+const S0: StreamId = StreamId::DEFAULT;
+
+/// Runs the scenario up to the second 6 MiB request; returns the allocator, page 5's address,
+/// the statistics before that request, and the live blocks.
+fn rescued_then_torn_down(
+    config: ExpandableConfig,
+) -> (
+    ExpandableAllocator<SimBackend>,
+    u64,
+    MemoryStats,
+    Vec<vmm_alloc::Allocation>,
+) {
+    let a = on_device(120 * MB, config);
+    let mut live = mosaic(&a);
+    let z = a.allocate(20 * MB, S0).unwrap();
+    let page5 = z.ptr().get();
+    a.deallocate(z).unwrap();
+    let c = a.allocate(32 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!(
+        (s.alias_rescues, s.num_alloc_retries, s.num_ooms),
+        (1, 1, 0)
+    );
+    assert_eq!(s.reserved_bytes.all.current, 120 * MB as u64);
+    a.deallocate(c).unwrap();
+    live.push(a.allocate(6 * MB, S0).unwrap());
+    let before = a.stats();
+    live.push(a.allocate(6 * MB, S0).unwrap());
+    a.check_invariants().unwrap();
+    (a, page5, before, live)
+}
+
+#[test]
+fn a_torn_down_rescue_maps_the_last_resorts_page_back_where_it_was() {
+    let (a, page5, before, live) = rescued_then_torn_down(ExpandableConfig::default());
+    let s = a.stats();
+    let calls = |s: &MemoryStats, kind| s.calls.calls(kind) - before.calls.calls(kind);
+    assert_eq!(
+        (calls(&s, CallKind::Release), calls(&s, CallKind::Create)),
+        (0, 0),
+        "page 5's handle is neither released nor created again"
+    );
+    assert_eq!(calls(&s, CallKind::Map), 1, "page 5 mapped back");
+    assert_eq!(
+        s.reserved_bytes.all.current,
+        100 * MB as u64 + 20 * MB as u64,
+        "the five partly used pages and page 5, free"
+    );
+    // A whole page is then served from page 5, where it was, with no call at all.
+    let total = s.calls.total();
+    let p = a.allocate(20 * MB, S0).unwrap();
+    assert_eq!(p.ptr().get(), page5);
+    assert_eq!(a.stats().calls.total(), total);
+    assert_eq!(a.stats().bytes_created, before.bytes_created);
+    free_all(&a, live.into_iter().chain([p]));
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+}
+
+#[test]
+fn without_the_setting_the_page_is_released_and_created_again() {
+    let config = ExpandableConfig {
+        put_back_after_retry: false,
+        ..ExpandableConfig::default()
+    };
+    let (a, page5, before, live) = rescued_then_torn_down(config);
+    let s = a.stats();
+    let calls = |s: &MemoryStats, kind| s.calls.calls(kind) - before.calls.calls(kind);
+    assert_eq!(calls(&s, CallKind::Release), 1, "page 5's handle released");
+    assert_eq!(s.reserved_bytes.all.current, 100 * MB as u64);
+    let p = a.allocate(20 * MB, S0).unwrap();
+    assert_eq!(p.ptr().get(), page5, "grown where page 5 was");
+    let s = a.stats();
+    assert_eq!(calls(&s, CallKind::Create), 1, "and created again");
+    assert_eq!(s.bytes_created, before.bytes_created + 20 * MB as u64);
+    free_all(&a, live.into_iter().chain([p]));
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+}
