@@ -5,6 +5,8 @@
 //! Unmapped handles therefore come here and are mapped again before any new one is created.
 //! A handle can be mapped anywhere, so a cached handle serves any segment whose hole it fits.
 
+use rustc_hash::FxHashSet;
+
 use crate::backend::{Backend, CallKind, PhysHandle};
 use crate::error::BackendError;
 use crate::mechanism::counters::track;
@@ -73,27 +75,19 @@ impl HandleCache {
         self.take_at(i)
     }
 
-    /// Takes out of the cache every handle of `wanted` it holds, with its length, in no order.
-    pub(crate) fn take_these(
-        &mut self,
-        wanted: &rustc_hash::FxHashSet<PhysHandle>,
-    ) -> Vec<(PhysHandle, usize)> {
-        let mut taken = Vec::new();
+    /// Takes out of the cache every handle of `wanted` it holds; returns those taken (the caller
+    /// knows their lengths).
+    pub(crate) fn take_these(&mut self, wanted: &FxHashSet<PhysHandle>) -> FxHashSet<PhysHandle> {
+        let mut taken = FxHashSet::default();
         for (len, list) in &mut self.by_len {
-            list.retain(|h| {
-                let take = wanted.contains(h);
-                if take {
-                    taken.push((*h, *len));
-                }
-                !take
-            });
+            let before = list.len();
+            list.retain(|h| !(wanted.contains(h) && taken.insert(*h)));
+            let gone = before - list.len();
+            self.bytes -= gone * *len;
+            self.count -= gone;
         }
         for (_, list) in self.by_len.extract_if(.., |e| e.1.is_empty()) {
             self.spare.push(list);
-        }
-        for &(_, len) in &taken {
-            self.bytes -= len;
-            self.count -= 1;
         }
         taken
     }

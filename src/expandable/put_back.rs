@@ -22,9 +22,10 @@
 //! memory, which the next growth of the request's stream takes only after synchronizing it,
 //! where the page released is created again without a synchronization. Putting back every
 //! stream's pages made ours need more than pytorch-expandable on 11 of the 36 inference-server
-//! cases (seeds 1–18) instead of 1, with more synchronizations on 30 instead of 19. A page costs a map call, as it
-//! would have cost a create (and the map after it) when a later growth needed it; each run of
-//! adjacent pages one access call. It holds no byte the allocator did not hold before the call
+//! cases (seeds 1–18) instead of 1, with more synchronizations on 30 instead of 19.
+//!
+//! A page costs a map call, as it would have cost a create (and the map after it) when a later
+//! growth needed it; each run of adjacent pages one access call. It holds no byte the allocator did not hold before the call
 //! (`reserved` is what it was, less what was given back to serve the request), and the pages are
 //! quiet (the last resort synchronized their streams). A call that raises an OOM gives them all
 //! back, as before: a program that catches the error expects the memory freed. Pages of a
@@ -84,13 +85,11 @@ impl<B: Backend> State<B> {
     /// out the last handle put of a length, so a rescue right after takes `stream`'s pages
     /// first: those it can put back when it is torn down.
     pub(crate) fn order_cached(&mut self, unmapped: &[Unmapped], stream: StreamId) {
+        if unmapped.is_empty() {
+            return;
+        }
         let wanted: FxHashSet<PhysHandle> = unmapped.iter().map(|u| u.chunk.handle).collect();
-        let taken: FxHashSet<PhysHandle> = self
-            .cache
-            .take_these(&wanted)
-            .into_iter()
-            .map(|(h, _)| h)
-            .collect();
+        let taken = self.cache.take_these(&wanted);
         let mut order: Vec<&Unmapped> = unmapped
             .iter()
             .filter(|u| taken.contains(&u.chunk.handle))
@@ -118,12 +117,7 @@ impl<B: Backend> State<B> {
             .map(|u| u.chunk.handle)
             .filter(|h| !self.parked_handles.contains_key(h))
             .collect();
-        let cached: FxHashSet<PhysHandle> = self
-            .cache
-            .take_these(&wanted)
-            .into_iter()
-            .map(|(h, _)| h)
-            .collect();
+        let cached = self.cache.take_these(&wanted);
         let mut rest = unmapped;
         while let Some(first) = rest.first() {
             // A run: adjacent pages of one segment, each still cached.

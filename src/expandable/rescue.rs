@@ -425,17 +425,12 @@ impl<B: Backend> State<B> {
     /// the rescue are mapped back where they were (Note [Pages put back] in `put_back.rs`).
     pub(super) fn retry_dead_rescues(&mut self, put_back: bool) -> Result<(), BackendError> {
         let mut first = Ok(());
-        for mut r in std::mem::take(&mut self.dead_rescues) {
-            let (homes, stream) = (std::mem::take(&mut r.homes), r.stream);
+        for r in std::mem::take(&mut self.dead_rescues) {
+            let stream = r.stream;
             match self.tear_down_rescue(r) {
-                Ok(()) if put_back => self.put_back(&homes, stream),
-                Ok(()) => {}
-                Err(e) => {
-                    if let Some(r) = self.dead_rescues.last_mut() {
-                        r.homes = homes;
-                    }
-                    first = first.and(Err(e));
-                }
+                Ok(homes) if put_back => self.put_back(&homes, stream),
+                Ok(_) => {}
+                Err(e) => first = first.and(Err(e)),
             }
         }
         first
@@ -457,9 +452,10 @@ impl<B: Backend> State<B> {
     }
 
     /// Synchronizes the rescue's stream, unmaps its reservation (one call: its mappings are
-    /// whole and adjacent, Note [Unmap runs]) and gives its parts back; on an error, keeps the
-    /// rescue, untouched, among the dead ones.
-    fn tear_down_rescue(&mut self, r: Rescue) -> Result<(), BackendError> {
+    /// whole and adjacent, Note [Unmap runs]) and gives its parts back; returns its owned
+    /// handles' homes (Note [Pages put back]). On an error, keeps the rescue, untouched, among
+    /// the dead ones.
+    fn tear_down_rescue(&mut self, r: Rescue) -> Result<Vec<Unmapped>, BackendError> {
         let unmapped = self.sync_before_unmap(r.stream).and_then(|()| {
             let unmapped = self.backend.unmap(r.va.start, r.va.len);
             track(&mut self.stats, CallKind::Unmap, unmapped)
@@ -484,7 +480,7 @@ impl<B: Backend> State<B> {
         for (slot, piece) in r.lent {
             self.make_free(slot, piece);
         }
-        Ok(())
+        Ok(r.homes)
     }
 
     /// Gives every rescue's memory back, ignoring errors (teardown).
