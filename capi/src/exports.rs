@@ -405,6 +405,7 @@ pub extern "C" fn vmm_alloc_config_json() -> *mut c_char {
             "rescue_after_oom": c.rescue_after_oom,
             "skip_hopeless_growth": c.skip_hopeless_growth,
             "put_back_after_retry": c.put_back_after_retry,
+            "keep_after_retry": c.keep_after_retry,
         });
         Ok(out_string(v.to_string()))
     })

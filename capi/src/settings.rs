@@ -46,7 +46,7 @@ const OURS_HELP: &str = "VMM_ALLOC_CONF takes comma-separated key:value pairs: \
 policy:expandable|pytorch-expandable, handle_cache:True|False, handle_cache_limit_mb:N, \
 remap_defrag:True|False, remap_before_create:True|False, sync_only_after_frees:True|False, \
 pressure_tail:True|False, borrow_across_pools:True|False, headroom_fraction:F, headroom_mb:N, \
-va_factor:F, small_page_mb:N, large_page_mb:N, park_remaps:True|False, front_cache:True|False|auto, best_fit_growth:True|False, reuse_last_free:True|False, drain_after_sync:True|False, harvest_lowest_first:True|False, give_back_before_foreign_sync:True|False, give_back_below_free_pages:F, give_back_below_all_free_pages:F, fine_pages_above:F, reuse_last_free_above:F, tail_takes_rest:True|False, alias_rescue:True|False, rescue_after_oom:True|False, skip_hopeless_growth:True|False, put_back_after_retry:True|False, va_fallback:True|False, stream_page_share:F, stream_page_floor_mb:N, capacity_mb:N (host and sim backends only)";
+va_factor:F, small_page_mb:N, large_page_mb:N, park_remaps:True|False, front_cache:True|False|auto, best_fit_growth:True|False, reuse_last_free:True|False, drain_after_sync:True|False, harvest_lowest_first:True|False, give_back_before_foreign_sync:True|False, give_back_below_free_pages:F, give_back_below_all_free_pages:F, fine_pages_above:F, reuse_last_free_above:F, tail_takes_rest:True|False, alias_rescue:True|False, rescue_after_oom:True|False, skip_hopeless_growth:True|False, put_back_after_retry:True|False, keep_after_retry:True|False, va_fallback:True|False, stream_page_share:F, stream_page_floor_mb:N, capacity_mb:N (host and sim backends only)";
 
 impl Settings {
     /// Reads `VMM_ALLOC_BACKEND`, `PYTORCH_CUDA_ALLOC_CONF` and `VMM_ALLOC_CONF`.

@@ -270,6 +270,13 @@ pub struct ExpandableConfig {
     /// after it (Note \[Pages put back\] in `expandable/put_back.rs`). A call that raises an OOM
     /// still gives them all back. Default on. PyTorch: off.
     pub put_back_after_retry: bool,
+    /// With `put_back_after_retry`, the pages of *other* streams the served last resort
+    /// unmapped stay in the handle cache, beyond `handle_cache_limit`, until growths take them,
+    /// an OOM is raised or `empty_cache` runs, instead of being released at the call's end and
+    /// created again by those streams' next growths (Note \[Pages put back\] in
+    /// `expandable/put_back.rs`). Fewer creates and releases; on 10 and 32 streams under
+    /// pressure it needs more memory on more traces (POLICY.md). Default off. PyTorch: off.
+    pub keep_after_retry: bool,
     /// Where the driver refuses a new segment's `va_factor ×` device memory of addresses (the
     /// process's address space is short: many streams × devices), reserve the request alone
     /// instead of failing it (Note \[Address space budget\] in `expandable/growth.rs`). Default
@@ -317,6 +324,7 @@ impl Default for ExpandableConfig {
             rescue_after_oom: false,
             skip_hopeless_growth: true,
             put_back_after_retry: true,
+            keep_after_retry: false,
             va_fallback: true,
         }
     }

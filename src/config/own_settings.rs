@@ -9,7 +9,7 @@ use super::{ExpandableConfig, FrontCacheMode};
 const MB: f64 = (1u64 << 20) as f64;
 
 /// Our keys, each with what it sets (for the error that lists them).
-pub const OWN_KEYS: [(&str, &str); 31] = [
+pub const OWN_KEYS: [(&str, &str); 32] = [
     (
         "headroom_fraction",
         "ExpandableConfig::headroom_fraction, in [0, 1]",
@@ -97,6 +97,10 @@ pub const OWN_KEYS: [(&str, &str); 31] = [
     (
         "put_back_after_retry",
         "ExpandableConfig::put_back_after_retry, true/false",
+    ),
+    (
+        "keep_after_retry",
+        "ExpandableConfig::keep_after_retry, true/false",
     ),
     ("va_fallback", "ExpandableConfig::va_fallback, true/false"),
     (
@@ -259,6 +263,7 @@ impl ExpandableConfig {
                 "rescue_after_oom" => c.rescue_after_oom = flag(key, value)?,
                 "skip_hopeless_growth" => c.skip_hopeless_growth = flag(key, value)?,
                 "put_back_after_retry" => c.put_back_after_retry = flag(key, value)?,
+                "keep_after_retry" => c.keep_after_retry = flag(key, value)?,
                 "va_fallback" => c.va_fallback = flag(key, value)?,
                 "stream_page_share" => c.stream_page_share = number(key, value)?,
                 "stream_page_floor_mb" => c.stream_page_floor = mebibytes(key, value)?,
@@ -286,7 +291,7 @@ mod tests {
                    give_back_below_all_free_pages:0.3,\
                    fine_pages_above:0.75,reuse_last_free_above:0.5,tail_takes_rest:false,\
                    alias_rescue:false,rescue_after_oom:true,skip_hopeless_growth:false,\
-                   put_back_after_retry:false,va_fallback:false,stream_page_share:0.1,stream_page_floor_mb:4";
+                   put_back_after_retry:false,keep_after_retry:true,va_fallback:false,stream_page_share:0.1,stream_page_floor_mb:4";
         let c = ExpandableConfig::default().with_settings(all).unwrap();
         let expected = ExpandableConfig {
             headroom_fraction: 0.03,
@@ -317,6 +322,7 @@ mod tests {
             rescue_after_oom: true,
             skip_hopeless_growth: false,
             put_back_after_retry: false,
+            keep_after_retry: true,
             va_fallback: false,
             stream_page_share: 0.1,
             stream_page_floor: 4 << 20,

@@ -82,6 +82,10 @@ impl<B: Backend> State<B> {
         // returned is merged away under it.
         if served.is_ok() {
             self.put_back(&unmapped, stream);
+            self.keep_after_retry(&unmapped, stream);
+        } else if served.as_ref().is_err_and(AllocError::is_out_of_memory) {
+            // A program that catches the OOM expects every free byte given back.
+            self.kept_after_retry = 0;
         }
         self.trim_to_bound();
         served

@@ -116,6 +116,10 @@ pub(crate) struct State<B: Backend> {
     /// An OOM was raised since the last `empty_cache`: no rescue until then, unless
     /// `rescue_after_oom` (Note [Alias rescue]).
     pub(crate) rescue_paused: bool,
+    /// Bytes the handle cache may hold between calls beyond its bound: other streams' pages a
+    /// served last resort unmapped (Note [Pages put back] in `put_back.rs`). 0 after an OOM
+    /// raised and after `empty_cache`.
+    pub(crate) kept_after_retry: usize,
 }
 
 impl<B: Backend> State<B> {
@@ -170,6 +174,7 @@ impl<B: Backend> State<B> {
             rescues: FxHashMap::default(),
             dead_rescues: Vec::new(),
             rescue_paused: false,
+            kept_after_retry: 0,
             deferred: Deferred::default(),
             owner: crate::allocator::AllocatorId::fresh(),
         })

@@ -8,6 +8,9 @@
 //! (20) and page 2's free head (8). The rescued block is freed; two 6 MiB requests follow: the
 //! first fits Y2, the second fits nothing until the dead rescue is torn down and its two ends
 //! are free at home again.
+//!
+//! Another stream's pages the last resort unmapped are not put back; with `keep_after_retry`
+//! they stay cached for that stream's next growth instead of being released and created again.
 
 use crate::alias_rescue::{free_all, mosaic};
 use crate::expandable_pressure::on_device;
@@ -93,4 +96,115 @@ fn without_the_setting_the_page_is_released_and_created_again() {
     assert_eq!(s.bytes_created, before.bytes_created + 20 * MB as u64);
     free_all(&a, live.into_iter().chain([p]));
     assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+}
+
+/// Stream 1 maps the whole 64 MiB device (2 MiB pages) and frees it; stream 0 then needs 4 MiB:
+/// the growth finds no room (`remap_defrag` off, so nothing is harvested before), and the last
+/// resort unmaps stream 1's 32 free pages, two of which serve the request.
+fn other_streams_pages_unmapped(
+    config: ExpandableConfig,
+) -> (ExpandableAllocator<SimBackend>, vmm_alloc::Allocation) {
+    let a = on_device(
+        64 * MB,
+        ExpandableConfig {
+            large_page: 2 * MB,
+            remap_defrag: false,
+            ..config
+        },
+    );
+    let other = a.allocate(64 * MB, S1).unwrap();
+    a.deallocate(other).unwrap();
+    let x = a.allocate(4 * MB, S0).unwrap();
+    let s = a.stats();
+    assert_eq!(
+        (s.num_alloc_retries, s.num_ooms),
+        (1, 0),
+        "the last resort served it"
+    );
+    a.check_invariants().unwrap();
+    (a, x)
+}
+
+const S1: StreamId = StreamId::sim(1);
+
+/// Ours with `keep_after_retry`.
+fn keep() -> ExpandableConfig {
+    ExpandableConfig {
+        keep_after_retry: true,
+        ..ExpandableConfig::default()
+    }
+}
+
+#[test]
+fn another_streams_pages_stay_cached_and_serve_its_next_growth() {
+    let (a, x) = other_streams_pages_unmapped(keep());
+    let s = a.stats();
+    assert_eq!(s.calls.calls(CallKind::Release), 0, "nothing released");
+    assert_eq!(
+        s.handle_cache_bytes,
+        60 * MB as u64,
+        "stream 1's pages the request did not take stay cached"
+    );
+    let live = a.with_backend(|b| b.live());
+    assert_eq!(
+        live.physical_bytes,
+        64 * MB,
+        "the allocator holds what it held before the call, no more"
+    );
+    // Stream 1 grows again: its pages come from the cache, with no create and no release.
+    let before = a.stats();
+    let y = a.allocate(60 * MB, S1).unwrap();
+    let s = a.stats();
+    let calls = |kind| s.calls.calls(kind) - before.calls.calls(kind);
+    assert_eq!((calls(CallKind::Create), calls(CallKind::Release)), (0, 0));
+    assert_eq!(calls(CallKind::Map), 30, "the 30 cached pages mapped");
+    assert_eq!(s.bytes_created, before.bytes_created);
+    assert_eq!(s.handle_cache_bytes, 0);
+    free_all(&a, [x, y]);
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+}
+
+#[test]
+fn kept_pages_are_given_back_by_empty_cache_and_by_an_oom() {
+    let (a, x) = other_streams_pages_unmapped(keep());
+    a.empty_cache().unwrap();
+    assert_eq!(
+        a.stats().handle_cache_bytes,
+        0,
+        "empty_cache gives them back"
+    );
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 4 * MB);
+    free_all(&a, [x]);
+
+    let (a, x) = other_streams_pages_unmapped(keep());
+    // 62 MiB more on stream 0 cannot fit beside its 4: the OOM gives every free byte back.
+    assert!(a.allocate(62 * MB, S0).unwrap_err().is_out_of_memory());
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().handle_cache_bytes, 0, "an OOM gives them back");
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 4 * MB);
+    free_all(&a, [x]);
+}
+
+#[test]
+fn without_the_setting_another_streams_pages_are_released() {
+    // The default, and PyTorch's way with `put_back_after_retry` off too.
+    for put_back_after_retry in [true, false] {
+        let config = ExpandableConfig {
+            put_back_after_retry,
+            ..ExpandableConfig::default()
+        };
+        let (a, x) = other_streams_pages_unmapped(config);
+        let s = a.stats();
+        assert_eq!(s.calls.calls(CallKind::Release), 30);
+        assert_eq!(s.handle_cache_bytes, 0);
+        let before = a.stats();
+        let y = a.allocate(60 * MB, S1).unwrap();
+        let s = a.stats();
+        assert_eq!(
+            s.calls.calls(CallKind::Create) - before.calls.calls(CallKind::Create),
+            30,
+            "created again"
+        );
+        free_all(&a, [x, y]);
+    }
 }

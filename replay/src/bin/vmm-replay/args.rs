@@ -72,7 +72,7 @@ pub struct Args {
     /// handle_cache_limit_mb, remap_defrag, remap_before_create, sync_only_after_frees,
     /// pressure_tail, borrow_across_pools, park_remaps, best_fit_growth,
     /// reuse_last_free, drain_after_sync, harvest_lowest_first, give_back_before_foreign_sync,
-    /// tail_takes_rest, alias_rescue, rescue_after_oom, skip_hopeless_growth, put_back_after_retry, va_fallback (true/false), front_cache (true/false/auto; the replay is one thread, so auto never
+    /// tail_takes_rest, alias_rescue, rescue_after_oom, skip_hopeless_growth, put_back_after_retry, keep_after_retry, va_fallback (true/false), front_cache (true/false/auto; the replay is one thread, so auto never
     /// engages it),
     /// va_factor, fine_pages_above, reuse_last_free_above, give_back_below_free_pages, give_back_below_all_free_pages and stream_page_share
     /// (fractions), small_page_mb, large_page_mb, stream_page_floor_mb (e.g. expandable=remap_before_create:true,headroom_fraction:0.02). An allocator named here and
