@@ -192,6 +192,12 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
             reuse_last_free_above: 0.0,
             ..ExpandableConfig::default()
         }),
+        // Other streams' pages a served last resort unmapped kept cached past the bound (Note
+        // [Pages put back]).
+        Just(ExpandableConfig {
+            keep_after_retry: true,
+            ..ExpandableConfig::default()
+        }),
         // Power-of-two rounding in the intervals the sizes reach (below 2 MiB: 2 steps, 2-4 MiB:
         // 4, 4-8 MiB: 8), so the blocks' sizes are checked against PyTorch's rule there too.
         Just(ExpandableConfig {
