@@ -271,11 +271,12 @@ pub struct ExpandableConfig {
     /// still gives them all back. Default on. PyTorch: off.
     pub put_back_after_retry: bool,
     /// With `put_back_after_retry`, the pages of *other* streams the served last resort
-    /// unmapped stay in the handle cache, beyond `handle_cache_limit`, until growths take them,
-    /// an OOM is raised or `empty_cache` runs, instead of being released at the call's end and
-    /// created again by those streams' next growths (Note \[Pages put back\] in
-    /// `expandable/put_back.rs`). Fewer creates and releases; on 10 and 32 streams under
-    /// pressure it needs more memory on more traces (POLICY.md). Default off. PyTorch: off.
+    /// unmapped are kept, not released at the call's end, for the growths that would create a
+    /// page of their length, which take one instead; a create that finds none releases kept
+    /// pages for its room, as do an OOM and `empty_cache` (Note \[Kept pages\] in
+    /// `expandable/kept.rs`). Every decision is the one made without it (kept pages count as
+    /// the device's room): the same capacity and synchronizations, fewer creates and releases.
+    /// Default on. PyTorch: off.
     pub keep_after_retry: bool,
     /// Where the driver refuses a new segment's `va_factor ×` device memory of addresses (the
     /// process's address space is short: many streams × devices), reserve the request alone
@@ -324,7 +325,7 @@ impl Default for ExpandableConfig {
             rescue_after_oom: false,
             skip_hopeless_growth: true,
             put_back_after_retry: true,
-            keep_after_retry: false,
+            keep_after_retry: true,
             va_fallback: true,
         }
     }
@@ -363,6 +364,7 @@ impl ExpandableConfig {
             alias_rescue: false,
             skip_hopeless_growth: false,
             put_back_after_retry: false,
+            keep_after_retry: false,
             va_fallback: false,
             ..Self::default()
         }

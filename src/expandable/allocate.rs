@@ -83,9 +83,6 @@ impl<B: Backend> State<B> {
         if served.is_ok() {
             self.put_back(&unmapped, stream);
             self.keep_after_retry(&unmapped, stream);
-        } else if served.as_ref().is_err_and(AllocError::is_out_of_memory) {
-            // A program that catches the OOM expects every free byte given back.
-            self.kept_after_retry = 0;
         }
         self.trim_to_bound();
         served
@@ -282,6 +279,8 @@ impl<B: Backend> State<B> {
     }
 
     fn oom_report(&mut self, tried: usize, address_space_exhausted: bool) -> AllocError {
+        // A program that catches the OOM expects every free byte given back (Note [Kept pages]).
+        self.release_kept();
         let held = self.stats.reserved_bytes.all.current + self.cache.bytes() as u64;
         let allowed = (self.config.memory_fraction < 1.0).then_some(self.limit);
         oom_report(

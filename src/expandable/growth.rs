@@ -248,7 +248,19 @@ pub(crate) struct Grown {
     pub(crate) at: u64,
     pub(crate) handle: PhysHandle,
     pub(crate) len: usize,
-    pub(crate) from_cache: bool,
+    pub(crate) source: Source,
+}
+
+/// Where a growth's handle came from: where a rollback returns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// Created by the growth: released.
+    Created,
+    /// The handle cache: back to it.
+    Cached,
+    /// The kept pages (Note [Kept pages] in `kept.rs`): kept again, as the room a created
+    /// handle released would give back.
+    Kept,
 }
 
 impl<B: Backend> State<B> {
@@ -391,21 +403,21 @@ impl<B: Backend> State<B> {
                 Ok(got) => got,
                 Err(e) => return Err(self.rollback(&target, grown, e)),
             };
-            let (handle, len, from_cache) = got;
+            let (handle, len, source) = got;
             let mapped = track(
                 &mut self.stats,
                 CallKind::Map,
                 self.backend.map(DevAddr::new(cursor), len, handle, 0),
             );
             if let Err(e) = mapped {
-                self.give_back(handle, len, from_cache);
+                self.give_back(handle, len, source);
                 return Err(self.rollback(&target, grown, e.into()));
             }
             grown.push(Grown {
                 at: cursor,
                 handle,
                 len,
-                from_cache,
+                source,
             });
             cursor += len as u64;
         }
@@ -436,7 +448,8 @@ impl<B: Backend> State<B> {
         seg.mapped_bytes += run;
         self.stats.reserved_bytes.increase(pool, run as u64);
         self.stats.num_device_alloc += grown.len() as u64;
-        self.stats.handle_reuses += grown.iter().filter(|c| c.from_cache).count() as u64;
+        self.stats.handle_reuses +=
+            grown.iter().filter(|c| c.source != Source::Created).count() as u64;
         let free = self.gap_to_free(target.seg, target.hole_start, run);
         let free = free.expect("the grown run lies in a gap of a live segment");
         debug_assert_eq!(self.pieces.get(free).start, target.start);
@@ -571,10 +584,10 @@ impl<B: Backend> State<B> {
         held: usize,
         pressured: bool,
         harvest: &mut Option<HarvestList>,
-    ) -> Result<(PhysHandle, usize, bool), GrowFail> {
+    ) -> Result<(PhysHandle, usize, Source), GrowFail> {
         loop {
             if let Some((h, len)) = self.cache.take(want, room) {
-                return Ok((h, len, true));
+                return Ok((h, len, Source::Cached));
             }
             // In the headroom, free chunks that need no synchronization are remapped first.
             if pressured
@@ -591,12 +604,23 @@ impl<B: Backend> State<B> {
                 continue;
             }
             if !self.beyond_device(held, want) {
+                // Note [Kept pages]: a kept page of the length the growth would create instead.
+                if let Some(h) = self.kept.take_exact(want) {
+                    return Ok((h, want, Source::Kept));
+                }
+                self.release_kept_for_room(held, want);
                 match track(&mut self.stats, CallKind::Create, self.backend.create(want)) {
                     Ok(h) => {
                         self.stats.bytes_created += want as u64;
-                        return Ok((h, want, false));
+                        return Ok((h, want, Source::Created));
                     }
                     Err(e) if !e.is_out_of_memory() => return Err(GrowFail::Backend(e)),
+                    // The driver has less than the limit leaves (another process, memory
+                    // outside the allocator): the kept pages' room first (Note [Kept pages]).
+                    Err(_) if self.kept.count() > 0 => {
+                        self.release_kept();
+                        continue;
+                    }
                     Err(_) => {}
                 }
             }
@@ -906,11 +930,13 @@ impl<B: Backend> State<B> {
     }
 
     /// Returns a handle the growth did not get to use.
-    fn give_back(&mut self, handle: PhysHandle, len: usize, from_cache: bool) {
-        if from_cache {
-            self.cache.put(handle, len);
-        } else {
-            let _ = self.release_or_keep(handle, len);
+    fn give_back(&mut self, handle: PhysHandle, len: usize, source: Source) {
+        match source {
+            Source::Cached => self.cache.put(handle, len),
+            Source::Kept => self.kept.put(handle, len),
+            Source::Created => {
+                let _ = self.release_or_keep(handle, len);
+            }
         }
     }
 
@@ -918,7 +944,7 @@ impl<B: Backend> State<B> {
     /// it), frees a segment it reserved.
     fn rollback(&mut self, target: &Target, grown: Vec<Grown>, cause: GrowFail) -> GrowFail {
         for c in self.unmap_grown(grown) {
-            self.give_back(c.handle, c.len, c.from_cache);
+            self.give_back(c.handle, c.len, c.source);
         }
         if target.new_segment {
             // The segment this growth reserved goes, whatever happens: a failed call must leave

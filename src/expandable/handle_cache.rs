@@ -75,6 +75,12 @@ impl HandleCache {
         self.take_at(i)
     }
 
+    /// A handle of exactly `len` bytes, if one is cached.
+    pub(crate) fn take_exact(&mut self, len: usize) -> Option<PhysHandle> {
+        let i = self.by_len.binary_search_by_key(&len, |e| e.0).ok()?;
+        self.take_at(i).map(|(h, _)| h)
+    }
+
     /// Takes out of the cache every handle of `wanted` it holds; returns those taken (the caller
     /// knows their lengths).
     pub(crate) fn take_these(&mut self, wanted: &FxHashSet<PhysHandle>) -> FxHashSet<PhysHandle> {

@@ -25,6 +25,7 @@ mod front;
 mod growth;
 mod handle_cache;
 mod hopeless;
+mod kept;
 mod last_free;
 mod parked;
 mod pieces;
@@ -339,7 +340,7 @@ impl<B: Backend> Allocator for ExpandableAllocator<B> {
 
     fn held_bytes(&self) -> u64 {
         let s = self.other_call();
-        s.stats.reserved_bytes.all.current + s.cache.bytes() as u64
+        s.stats.reserved_bytes.all.current + (s.cache.bytes() + s.kept.bytes()) as u64
     }
 
     fn reset_peak_stats(&self) {

@@ -24,17 +24,10 @@
 //! stream's pages made ours need more than pytorch-expandable on 11 of the 36 inference-server
 //! cases (seeds 1–18) instead of 1, with more synchronizations on 30 instead of 19.
 //!
-//! Those other streams' pages are released at the call's end, and created again by those
-//! streams' next growths: on `inference-server` seed 1 at its smallest capacity every one of
-//! the 189 releases was such a page, and 1.41 × its peak reserved was created. `keep_after_retry`
-//! (default off) keeps them cached instead, beyond the cache's bound, until growths take them,
-//! an OOM is raised or `empty_cache` runs: there it created 1.002 × its peak, with 520 creates
-//! instead of 1,028 and the same smallest capacity. Off by default because, over the multi-stream
-//! groups, the capacity the traces need rises more often than it falls (above pytorch-expandable's
-//! on 7 of 36 inference-server cases instead of 1, 14 of 36 in the `many` group instead of 4):
-//! on `inference-server-32` seed 18 at 14,030 MiB it fails a 241 MiB request with 663 MiB free
-//! in pieces of at most 20 MiB spread over 32 streams, a state the run without it never reaches
-//! (why the kept pages leave the free memory more scattered is not yet understood).
+//! Those other streams' pages are not put back; without `keep_after_retry` they are released
+//! at the call's end and created again by those streams' next growths. With it (the default)
+//! they are kept for the growths that would create a page of their length (Note [Kept pages]
+//! in `kept.rs`).
 //!
 //! A page costs a map call, as it would have cost a create (and the map after it) when a later
 //! growth needed it; each run of adjacent pages one access call. It holds no byte the allocator did not hold before the call
@@ -48,7 +41,7 @@
 use rustc_hash::FxHashSet;
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
-use crate::expandable::growth::Grown;
+use crate::expandable::growth::{Grown, Source};
 use crate::expandable::segment::{Chunk, FreeChunk, SegmentKey};
 use crate::expandable::state::State;
 use crate::mechanism::counters::track;
@@ -112,19 +105,21 @@ impl<B: Backend> State<B> {
         }
     }
 
-    /// Keeps cached, past the call's end, the handles of other streams' pages in `unmapped`
-    /// (Note [Pages put back]): bytes the cache may hold beyond its bound until growths take
-    /// them, an OOM is raised or `empty_cache` runs.
+    /// Keeps, past the call's end, the handles of other streams' pages in `unmapped` still
+    /// cached (Note [Kept pages] in `kept.rs`).
     pub(crate) fn keep_after_retry(&mut self, unmapped: &[Unmapped], stream: StreamId) {
         if !self.config.keep_after_retry {
             return;
         }
-        let other: usize = unmapped
-            .iter()
-            .filter(|u| u.stream != stream)
-            .map(|u| u.chunk.len)
-            .sum();
-        self.kept_after_retry += other;
+        let other = unmapped.iter().filter(|u| u.stream != stream);
+        let wanted: FxHashSet<PhysHandle> = other.clone().map(|u| u.chunk.handle).collect();
+        if wanted.is_empty() {
+            return;
+        }
+        let taken = self.cache.take_these(&wanted);
+        for u in other.filter(|u| taken.contains(&u.chunk.handle)) {
+            self.kept.put(u.chunk.handle, u.chunk.len);
+        }
     }
 
     /// Maps back the pages of `unmapped` (in the last resort's order: by segment, then address)
@@ -197,7 +192,7 @@ impl<B: Backend> State<B> {
                 at: u.at,
                 handle: u.chunk.handle,
                 len: u.chunk.len,
-                from_cache: true,
+                source: Source::Cached,
             });
         }
         let len = (end - at) as usize;

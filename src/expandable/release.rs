@@ -80,7 +80,7 @@ impl<B: Backend> State<B> {
         // The walk touched only the slots of the segments it emptied, all now up to date.
         self.releasable.take_touched();
         if trim {
-            self.kept_after_retry = 0;
+            self.release_kept();
             self.trim_cache(self.cache_bound())?;
         }
         Ok(())
@@ -211,12 +211,7 @@ impl<B: Backend> State<B> {
     /// runs at its end, so the bound holds between calls. A failed release leaves the handle
     /// cached (consistent; tried again next time): the allocation's result stands.
     pub(super) fn trim_to_bound(&mut self) {
-        let bound = self.cache_bound();
-        let _ = self.trim_cache(bound + self.kept_after_retry);
-        // What growths took out of the cache since is no longer kept.
-        self.kept_after_retry = self
-            .kept_after_retry
-            .min(self.cache.bytes().saturating_sub(bound));
+        let _ = self.trim_cache(self.cache_bound());
     }
 
     /// Unmaps every chunk of `chunks` (free chunks of `seg`, in address order) and hands each

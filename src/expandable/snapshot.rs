@@ -155,6 +155,9 @@ impl<B: Backend> State<B> {
         while let Some((h, _)) = self.cache.take_largest() {
             let _ = self.backend.release(h);
         }
+        while let Some((h, _)) = self.kept.take_largest() {
+            let _ = self.backend.release(h);
+        }
         self.live.clear();
         self.last_free = None;
         self.parked_handles.clear();

@@ -116,10 +116,9 @@ pub(crate) struct State<B: Backend> {
     /// An OOM was raised since the last `empty_cache`: no rescue until then, unless
     /// `rescue_after_oom` (Note [Alias rescue]).
     pub(crate) rescue_paused: bool,
-    /// Bytes the handle cache may hold between calls beyond its bound: other streams' pages a
-    /// served last resort unmapped (Note [Pages put back] in `put_back.rs`). 0 after an OOM
-    /// raised and after `empty_cache`.
-    pub(crate) kept_after_retry: usize,
+    /// Other streams' pages a served last resort unmapped, kept with `keep_after_retry` for the
+    /// growths that would create pages of their length (Note [Kept pages] in `kept.rs`).
+    pub(crate) kept: HandleCache,
 }
 
 impl<B: Backend> State<B> {
@@ -174,7 +173,7 @@ impl<B: Backend> State<B> {
             rescues: FxHashMap::default(),
             dead_rescues: Vec::new(),
             rescue_paused: false,
-            kept_after_retry: 0,
+            kept: HandleCache::default(),
             deferred: Deferred::default(),
             owner: crate::allocator::AllocatorId::fresh(),
         })
@@ -201,8 +200,8 @@ impl<B: Backend> State<B> {
     /// stale.
     pub(crate) fn stats_now(&self) -> MemoryStats {
         let mut stats = self.stats;
-        stats.handles_cached = self.cache.count() as u64;
-        stats.handle_cache_bytes = self.cache.bytes() as u64;
+        stats.handles_cached = (self.cache.count() + self.kept.count()) as u64;
+        stats.handle_cache_bytes = (self.cache.bytes() + self.kept.bytes()) as u64;
         let stuck = self.segments.values().flat_map(|s| s.stuck.values());
         let stuck: usize = stuck.map(|c| c.len).sum();
         stats.stuck_bytes = (stuck + self.deferred.mapped_bytes()) as u64;

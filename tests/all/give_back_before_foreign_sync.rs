@@ -21,6 +21,8 @@ const S0: StreamId = StreamId::DEFAULT;
 fn give_back() -> ExpandableConfig {
     ExpandableConfig {
         give_back_before_foreign_sync: true,
+        // Released, not kept for O's next growth (Note [Kept pages]): checked below.
+        keep_after_retry: false,
         ..ExpandableConfig::default()
     }
 }
@@ -65,6 +67,24 @@ fn another_streams_pages_are_given_back_instead_of_remapped() {
     assert_eq!(given.calls.calls(CallKind::Synchronize), 1);
     assert_eq!(free_given, 20 * MB, "O's second free page went back too");
     assert_eq!(given.num_ooms, 0);
+    // Kept (the default): the same decisions, O's second page held for the growth that would
+    // create a page of its length.
+    let (kept, free_kept) = foreign_pages_needed(ExpandableConfig {
+        keep_after_retry: true,
+        ..give_back()
+    });
+    assert_eq!(
+        (
+            kept.num_alloc_retries,
+            kept.calls.calls(CallKind::Synchronize)
+        ),
+        (1, 1)
+    );
+    assert_eq!(
+        (free_kept, kept.handle_cache_bytes),
+        (0, 20 * MB as u64),
+        "O's second page kept"
+    );
     assert_eq!(
         given.allocated_bytes.all.current, remapped.allocated_bytes.all.current,
         "the same blocks are live"

@@ -17,6 +17,7 @@ mod fuzz_found;
 mod give_back_before_foreign_sync;
 mod harvest_order;
 mod hopeless_growth;
+mod kept_pages;
 mod last_free;
 mod model;
 mod parked_pages;

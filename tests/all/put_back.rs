@@ -187,10 +187,11 @@ fn kept_pages_are_given_back_by_empty_cache_and_by_an_oom() {
 
 #[test]
 fn without_the_setting_another_streams_pages_are_released() {
-    // The default, and PyTorch's way with `put_back_after_retry` off too.
+    // PyTorch's way, with `put_back_after_retry` on or off.
     for put_back_after_retry in [true, false] {
         let config = ExpandableConfig {
             put_back_after_retry,
+            keep_after_retry: false,
             ..ExpandableConfig::default()
         };
         let (a, x) = other_streams_pages_unmapped(config);

@@ -65,7 +65,8 @@ impl<B: Backend> State<B> {
                 free: sums.free_ranges,
             });
         }
-        self.cache.check()
+        self.cache.check()?;
+        self.kept.check()
     }
 
     /// The stream `free_block` remembers as the last it made unsynced is in the set of unsynced
