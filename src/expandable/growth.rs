@@ -605,22 +605,9 @@ impl<B: Backend> State<B> {
             }
             if !self.beyond_device(held, want) {
                 // Note [Kept pages]: a kept page of the length the growth would create instead.
-                if let Some(h) = self.kept.take_exact(want) {
-                    return Ok((h, want, Source::Kept));
-                }
-                self.release_kept_for_room(held, want);
-                match track(&mut self.stats, CallKind::Create, self.backend.create(want)) {
-                    Ok(h) => {
-                        self.stats.bytes_created += want as u64;
-                        return Ok((h, want, Source::Created));
-                    }
+                match self.new_handle(held, want) {
+                    Ok((h, source)) => return Ok((h, want, source)),
                     Err(e) if !e.is_out_of_memory() => return Err(GrowFail::Backend(e)),
-                    // The driver has less than the limit leaves (another process, memory
-                    // outside the allocator): the kept pages' room first (Note [Kept pages]).
-                    Err(_) if self.kept.count() > 0 => {
-                        self.release_kept();
-                        continue;
-                    }
                     Err(_) => {}
                 }
             }

@@ -27,10 +27,37 @@
 //! and `empty_cache` release them all, and a create the driver refuses below the limit (memory
 //! outside the allocator, another process) releases them and tries again.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, CallKind, PhysHandle};
+use crate::error::BackendError;
+use crate::expandable::growth::Source;
 use crate::expandable::state::State;
+use crate::mechanism::counters::track;
 
 impl<B: Backend> State<B> {
+    /// A handle of `len` bytes the device must give, `held` bytes already taken by the caller
+    /// and not yet counted as reserved: a kept one of that length, else created, kept pages
+    /// released first for its room, and all of them if the driver refuses it below the limit
+    /// (Note [Kept pages]).
+    pub(crate) fn new_handle(
+        &mut self,
+        held: usize,
+        len: usize,
+    ) -> Result<(PhysHandle, Source), BackendError> {
+        if let Some(h) = self.kept.take_exact(len) {
+            return Ok((h, Source::Kept));
+        }
+        self.release_kept_for_room(held, len);
+        let mut created = track(&mut self.stats, CallKind::Create, self.backend.create(len));
+        if created.as_ref().is_err_and(BackendError::is_out_of_memory) && self.kept.count() > 0 {
+            // Less room than the limit leaves (another process, memory outside the allocator).
+            self.release_kept();
+            created = track(&mut self.stats, CallKind::Create, self.backend.create(len));
+        }
+        let h = created?;
+        self.stats.bytes_created += len as u64;
+        Ok((h, Source::Created))
+    }
+
     /// Releases kept pages, the largest first, until a create of `want` bytes (with `held` taken
     /// by the growth in progress) fits in the device beside those left (Note [Kept pages]). A
     /// release the driver refuses leaves the handle in the handle cache, as any release.

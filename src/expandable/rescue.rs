@@ -75,6 +75,7 @@ use rustc_hash::FxHashSet;
 
 use crate::backend::{Backend, CallKind, PhysHandle, StreamId};
 use crate::error::BackendError;
+use crate::expandable::growth::Source;
 use crate::expandable::pieces::{Kind, PieceId};
 use crate::expandable::put_back::Unmapped;
 use crate::expandable::segment::Chunk;
@@ -286,30 +287,11 @@ impl<B: Backend> State<B> {
         }
         if rest > 0 {
             self.trim_cache(0).ok()?;
-            // Note [Kept pages]: one of the length it would create, else their room.
-            let handle = match self.kept.take_exact(rest) {
-                Some(h) => {
-                    self.stats.handle_reuses += 1;
-                    h
-                }
-                None => {
-                    // The cached handles it mapped are held, not yet counted as reserved.
-                    self.release_kept_for_room(plan.new - rest, rest);
-                    let mut created =
-                        track(&mut self.stats, CallKind::Create, self.backend.create(rest));
-                    if created.as_ref().is_err_and(|e| e.is_out_of_memory())
-                        && self.kept.count() > 0
-                    {
-                        // Less room than the limit leaves: the kept pages' first.
-                        self.release_kept();
-                        created =
-                            track(&mut self.stats, CallKind::Create, self.backend.create(rest));
-                    }
-                    let handle = created.ok()?;
-                    self.stats.bytes_created += rest as u64;
-                    handle
-                }
-            };
+            // Note [Kept pages]: the cached handles it mapped are held, not yet reserved.
+            let (handle, source) = self.new_handle(plan.new - rest, rest).ok()?;
+            if source == Source::Kept {
+                self.stats.handle_reuses += 1;
+            }
             self.map_owned(at, Chunk { handle, len: rest }, left, owned)?;
             at += rest as u64;
         }

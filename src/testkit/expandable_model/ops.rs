@@ -192,10 +192,10 @@ pub fn config_strategy() -> impl Strategy<Value = ExpandableConfig> {
             reuse_last_free_above: 0.0,
             ..ExpandableConfig::default()
         }),
-        // Other streams' pages a served last resort unmapped kept cached past the bound (Note
-        // [Pages put back]).
+        // Other streams' pages a served last resort unmapped released at the call's end, not
+        // kept for the growths that would create them (Note [Kept pages]).
         Just(ExpandableConfig {
-            keep_after_retry: true,
+            keep_after_retry: false,
             ..ExpandableConfig::default()
         }),
         // Power-of-two rounding in the intervals the sizes reach (below 2 MiB: 2 steps, 2-4 MiB:
