@@ -6,7 +6,8 @@ command:
 
 Without JSON it runs `cargo run --release --bin vmm-replay -- --min-capacity --json
 ../shared/traces/pytorch/*.pickle` (from the repository root) and reads its output. Prints
-Markdown: per trace and allocator, min capacity / peak live, utilization at 80 GiB, driver calls,
+Markdown: per trace, what it is (start state, events, peak live, what the recording reserved)
+and each allocator's smallest capacity in GiB; per trace and allocator, min capacity / peak live, utilization at 80 GiB, driver calls,
 physical bytes created and stream synchronizations, at min capacity and at 80 GiB; then issue
 19's goals 1-3, each criterion on its own row: on how many traces ours meets it, and the
 figures of every trace where it does not.
@@ -42,8 +43,30 @@ def syncs(run):
 
 def main():
     data = load()
+    traces(data)
+    print()
     table(data)
     goals(data)
+
+
+def traces(data):
+    """Per trace: how it starts, its events, peak live, the recording's and classic's peak
+    reserved (at 80 GiB), and each allocator's smallest capacity, in GiB."""
+    head = ["trace", "start", "events", "peak live", "recorded reserved",
+            "classic reserved @80"] + [f"min capacity: {SHORT[a]}" for a in ORDER]
+    print("| " + " | ".join(head) + " |")
+    print("|---|---|" + "--:|" * (len(head) - 2))
+    sums = [0] * 6
+    for t in data["traces"]:
+        runs = {a["allocator"]: a for a in t["allocators"]}
+        figs = [runs["expandable"]["peak_live_bytes"], t["recorded_peak_reserved_bytes"],
+                runs["classic"]["peak_reserved_bytes"]]
+        figs += [runs[a]["min_capacity_bytes"] for a in ORDER]
+        sums = [s + f for s, f in zip(sums, figs)]
+        row = [t["trace"], t["start_state"], str(t["events"])] + [f"{f / GIB:.2f}" for f in figs]
+        print("| " + " | ".join(row) + " |")
+    row = [f"**all {len(data['traces'])}**", "", ""] + [f"{f / GIB:.2f}" for f in sums]
+    print("| " + " | ".join(row) + " |")
 
 
 def table(data):
