@@ -16,6 +16,7 @@ use crate::alias_rescue::{free_all, mosaic};
 use crate::expandable_pressure::on_device;
 use vmm_alloc::backend::{Backend, CallKind, SimBackend};
 use vmm_alloc::config::ExpandableConfig;
+use vmm_alloc::testkit::{EmulatedBackend, FaultError, FaultPlan, Trigger};
 use vmm_alloc::{Allocator, ExpandableAllocator, MemoryStats, StreamId};
 
 const MB: usize = 1 << 20;
@@ -208,4 +209,80 @@ fn without_the_setting_another_streams_pages_are_released() {
         );
         free_all(&a, [x, y]);
     }
+}
+
+/// Stream 1 maps the whole 64 MiB device in 4 MiB pages and frees it; stream 0 then needs
+/// 4 MiB: the last resort unmaps stream 1's 16 pages, one serves the request, and the other 15
+/// (60 MiB) are kept for stream 1. Returns the allocator and the block.
+fn fifteen_pages_kept() -> (ExpandableAllocator<SimBackend>, vmm_alloc::Allocation) {
+    let a = on_device(
+        64 * MB,
+        ExpandableConfig {
+            large_page: 4 * MB,
+            remap_defrag: false,
+            ..keep()
+        },
+    );
+    let other = a.allocate(64 * MB, S1).unwrap();
+    a.deallocate(other).unwrap();
+    let x = a.allocate(4 * MB, S0).unwrap();
+    assert_eq!(a.stats().num_alloc_retries, 1, "the last resort served it");
+    assert_eq!(
+        a.stats().handle_cache_bytes,
+        60 * MB as u64,
+        "15 pages kept"
+    );
+    (a, x)
+}
+
+/// Note [Kept pages]: kept pages count as the device's room, so a create the limit allows may
+/// still be refused where memory outside the allocator (another process, a library's
+/// workspace) took it. The create is then retried once every kept page is released: the
+/// request is served, nothing leaks, and no OOM reaches the caller.
+#[test]
+fn a_create_the_driver_refuses_releases_the_kept_pages_and_succeeds() {
+    // Control: a small-pool request (2 MiB pages, a length no kept page has) releases one kept
+    // page for its room and creates.
+    let (a, x) = fifteen_pages_kept();
+    let before = a.stats();
+    let y = a.allocate(512 << 10, S0).unwrap();
+    let s = a.stats();
+    let calls = |kind| s.calls.calls(kind) - before.calls.calls(kind);
+    assert_eq!((calls(CallKind::Create), calls(CallKind::Release)), (1, 1));
+    assert_eq!(s.handle_cache_bytes, 56 * MB as u64, "14 pages still kept");
+    free_all(&a, [x, y]);
+
+    // The same request with the driver refusing the first create (memory taken outside).
+    let (a, x) = fifteen_pages_kept();
+    let before = a.stats();
+    a.with_backend(|b| {
+        b.set_faults(FaultPlan::new().fail(
+            CallKind::Create,
+            Trigger::Nth(1),
+            FaultError::OutOfMemory,
+        ))
+    });
+    let y = a.allocate(512 << 10, S0).unwrap();
+    assert_eq!(
+        a.with_backend(|b| b.clear_faults()),
+        1,
+        "the refusal was injected"
+    );
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    let calls = |kind| s.calls.calls(kind) - before.calls.calls(kind);
+    assert_eq!(
+        (calls(CallKind::Create), calls(CallKind::Release)),
+        (2, 15),
+        "one kept page for room, the other 14 after the refusal, then the create again"
+    );
+    assert_eq!(s.handle_cache_bytes, 0, "no page kept");
+    assert_eq!(s.num_ooms, before.num_ooms, "no OOM reached the caller");
+    assert_eq!(
+        a.with_backend(|b| b.live()).physical_bytes,
+        6 * MB,
+        "the 4 MiB page and the 2 MiB small page, nothing else"
+    );
+    free_all(&a, [x, y]);
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
 }
