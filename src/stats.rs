@@ -141,7 +141,8 @@ pub struct MemoryStats {
     /// stream without a synchronization (Note \[Parked pages\] in `expandable/parked.rs`). Still
     /// mapped at their old addresses, which nothing is handed out from, until the stream's next
     /// synchronization; no memory of their own (their handles are counted where they were
-    /// remapped). Expandable only.
+    /// remapped); and the second mappings of a parked rescue, whose freed block's ends are free
+    /// at home again (Note \[Parked rescue\] in `expandable/rescue.rs`). Expandable only.
     pub parked_bytes: u64,
     /// How many parked mappings there are (each one `cuMemMap` of a handle also mapped, or
     /// cached, elsewhere).

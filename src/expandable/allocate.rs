@@ -236,11 +236,21 @@ impl<B: Backend> State<B> {
                 return Ok(found);
             }
             // Freed rescues give their ends back before anything grows (Note [Alias rescue]);
-            // one the driver refuses waits for the next try.
-            let _ = self.retry_dead_rescues(self.config.put_back_after_retry);
+            // one the driver refuses waits for the next try. Parked ones (Note [Parked rescue])
+            // are torn down only if the request still needs to grow.
+            let put_back = self.config.put_back_after_retry;
+            let parked = self.retire_dead_rescues(put_back);
             let slot = self.index.find(StreamPool { stream, pool });
             if let Some(found) = self.find_free(slot, rounded) {
                 return Ok(found);
+            }
+            if parked {
+                // The synchronization may complete pending frees: look again.
+                let _ = self.retry_dead_rescues(put_back);
+                let slot = self.index.find(StreamPool { stream, pool });
+                if let Some(found) = self.find_free(slot, rounded) {
+                    return Ok(found);
+                }
             }
         }
         match self.grow(stream, pool, rounded) {

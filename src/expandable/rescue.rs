@@ -64,6 +64,23 @@
 //! `unet3d-training`, `empty-cache-training`, seeds 1–18) over 1.1 × on 18 of 54 instead of 32
 //! (POLICY.md, "A rescue's new bytes from the handle cache").
 //!
+//! Note [Parked rescue] (with `park_remaps`, as Note [Parked pages] in `parked.rs`): the
+//! teardown of a freed rescue before a growth synchronizes the block's stream, because its
+//! queued work may still use the lent bytes and the reservation's addresses. Where every end is
+//! lent by a page of that same stream, the lent bytes' next users are queued on it, after the
+//! rescued block's work, as for any free range reused on its stream: the ends go home with no
+//! synchronization, and only the unmap must wait. So the rescue is *parked*: its ends free at
+//! home, its reservation still mapped (its aliases counted as parked mappings, its new bytes as
+//! reserved memory, as while it was dead), never revived. If the request that retired it then
+//! fits a free range (the ends it had borrowed, usually) nothing more happens; if it must grow,
+//! the parked rescues are torn down first (the stream synchronized then, as before, their
+//! handles to the cache for the growth), as are they by the last resort, `empty_cache` and
+//! teardown. The rescue synchronizes no more than before, only later or never. A rescue with
+//! pages of the last resort's to put back home (Note [Pages put back]) is torn down as before.
+//! On `cs336-2.7b-forward-compiled` at its smallest capacity (Sim) this removed its one
+//! synchronization, the only one PyTorch's policy did not make there (and 4 calls: 4,143 →
+//! 4,139); no other shared trace moved.
+//!
 //! Accounting: `reserved_bytes` counts each physical byte once: the homes' chunks (lent bytes
 //! included) and each rescue's own handles. The snapshot shows each rescue as a segment of its
 //! own (its aliased ends unmapped, the block in the middle), and the lent bytes at home as
@@ -107,6 +124,9 @@ pub(crate) struct Rescue {
     pub(crate) aliased: Vec<usize>,
     /// The block's stream, synchronized before the reservation is unmapped.
     pub(crate) stream: StreamId,
+    /// Dead and its ends given back home already, its reservation still mapped until its stream
+    /// is synchronized for a growth (Note [Parked rescue]); never revived.
+    pub(crate) parked: bool,
 }
 
 /// A free end of a partly used chunk.
@@ -385,6 +405,7 @@ impl<B: Backend> State<B> {
             homes: Vec::new(),
             aliased,
             stream,
+            parked: false,
         };
         self.rescues.insert(start, rescue);
         (slot, block)
@@ -401,7 +422,9 @@ impl<B: Backend> State<B> {
         if key.pool != PoolKind::Large {
             return None;
         }
-        let fits = |r: &Rescue| r.stream == key.stream && self.pieces.get(r.block).len == rounded;
+        let fits = |r: &Rescue| {
+            !r.parked && r.stream == key.stream && self.pieces.get(r.block).len == rounded
+        };
         let i = self.dead_rescues.iter().position(fits)?;
         let r = self.dead_rescues.swap_remove(i);
         let block = r.block;
@@ -421,6 +444,47 @@ impl<B: Backend> State<B> {
         self.stats
             .count_inactive(PoolKind::Large, size, block.requested);
         self.dead_rescues.push(r);
+    }
+
+    /// Before a request that found no free range grows: gives every dead rescue's ends back
+    /// home, parking the rescues whose teardown would synchronize a stream that the lent bytes'
+    /// next users are ordered after anyway (Note [Parked rescue]) and tearing the others down
+    /// (with `put_back`, their owned handles' pages mapped back home). Returns whether any
+    /// rescue is parked.
+    pub(super) fn retire_dead_rescues(&mut self, put_back: bool) -> bool {
+        let mut parked = false;
+        for mut r in std::mem::take(&mut self.dead_rescues) {
+            if r.parked || self.may_park_rescue(&r) {
+                if !r.parked {
+                    self.last_free = None;
+                    for (slot, piece) in std::mem::take(&mut r.lent) {
+                        self.make_free(slot, piece);
+                    }
+                    r.parked = true;
+                }
+                parked = true;
+                self.dead_rescues.push(r);
+                continue;
+            }
+            let stream = r.stream;
+            match self.tear_down_rescue(r) {
+                Ok(homes) if put_back => self.put_back(&homes, stream),
+                _ => {}
+            }
+        }
+        parked
+    }
+
+    /// Whether dead rescue `r` may give its ends back home without a synchronization (Note
+    /// [Parked rescue]): its stream has frees its teardown would wait for, every end is lent by a
+    /// segment of that stream, and it has no page of the last resort's to put back.
+    fn may_park_rescue(&self, r: &Rescue) -> bool {
+        self.config.park_remaps
+            && r.homes.is_empty()
+            && self.needs_sync(r.stream)
+            && r.lent
+                .iter()
+                .all(|&(slot, _)| self.index.key(slot).stream == r.stream)
     }
 
     /// Tears down every dead rescue, synchronizing streams as needed; returns the first error.

@@ -101,8 +101,31 @@ impl<B: Backend> State<B> {
                 _ => (BlockState::Inactive, 0),
             };
             let mut blocks = Vec::new();
+            // A parked rescue's ends are free at home again (Note [Parked rescue]): only its own
+            // bytes show as its block's.
+            let owned: usize = r.owned.iter().map(|c| c.len).sum();
+            let owned_at = match r.aliased.first() {
+                Some(&tail) if at > r.va.start.get() => r.va.start.get() + tail as u64,
+                _ => r.va.start.get(),
+            };
             for id in self.pieces.tiling(r.tail) {
                 let p = self.pieces.get(id);
+                if id == r.block && r.parked {
+                    let parts = [
+                        (p.start, owned_at, BlockState::Unmapped),
+                        (owned_at, owned_at + owned as u64, BlockState::Inactive),
+                        (owned_at + owned as u64, p.end(), BlockState::Unmapped),
+                    ];
+                    for (from, to, state) in parts.into_iter().filter(|&(f, t, _)| f < t) {
+                        blocks.push(BlockInfo {
+                            address: DevAddr::new(from),
+                            size: (to - from) as usize,
+                            requested_size: 0,
+                            state,
+                        });
+                    }
+                    continue;
+                }
                 let (state, requested) = if id == r.block {
                     (state, requested)
                 } else {
@@ -123,7 +146,7 @@ impl<B: Backend> State<B> {
             SegmentInfo {
                 address: r.va.start,
                 total_size: r.va.len,
-                mapped_size: block.len,
+                mapped_size: if r.parked { owned } else { block.len },
                 allocated_size: allocated,
                 stream: r.stream,
                 pool: crate::stats::PoolKind::Large,

@@ -210,8 +210,19 @@ impl<B: Backend> State<B> {
         let (n, bytes) = self.deferred.aliases();
         (stats.alias_mappings, stats.alias_bytes) = (n as u64, bytes as u64);
         for r in self.rescues.values().chain(&self.dead_rescues) {
-            stats.alias_bytes += r.aliased.iter().sum::<usize>() as u64;
-            stats.alias_mappings += r.aliased.len() as u64;
+            let (bytes, n) = (
+                r.aliased.iter().sum::<usize>() as u64,
+                r.aliased.len() as u64,
+            );
+            // A parked rescue's aliases hold no byte of a block any more: parked mappings
+            // (Note [Parked rescue] in `rescue.rs`).
+            if r.parked {
+                (stats.parked_bytes, stats.parked_pages) =
+                    (stats.parked_bytes + bytes, stats.parked_pages + n);
+            } else {
+                (stats.alias_bytes, stats.alias_mappings) =
+                    (stats.alias_bytes + bytes, stats.alias_mappings + n);
+            }
         }
         stats
     }

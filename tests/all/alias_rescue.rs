@@ -80,7 +80,15 @@ fn two_free_ends_of_partly_used_pages_serve_a_request_nothing_else_can() {
     ));
     assert_eq!(a.stats().num_ooms, 1);
 
-    let a = on_device(100 * MB, ExpandableConfig::default());
+    // Without parking (Note [Parked rescue], the test after this one), as PyTorch's policy
+    // would tear it down: synchronized first.
+    let a = on_device(
+        100 * MB,
+        ExpandableConfig {
+            park_remaps: false,
+            ..ExpandableConfig::default()
+        },
+    );
     let live = mosaic(&a);
     let before = a.stats();
     let c = a.allocate(12 * MB, S0).unwrap();
@@ -166,6 +174,105 @@ fn two_free_ends_of_partly_used_pages_serve_a_request_nothing_else_can() {
     a.check_invariants().unwrap();
     assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
     assert_eq!(a.stats().reserved_bytes.all.current, 0);
+}
+
+/// Note [Parked rescue]: a freed rescue whose ends its own stream lent gives them back home
+/// with no synchronization (the work that will use them is queued on that stream, after the
+/// rescued block's); its reservation stays mapped, parked, until the stream is synchronized
+/// for a request that must grow, a last resort or `empty_cache`.
+#[test]
+fn a_freed_rescue_of_its_own_streams_ends_is_parked_without_a_synchronization() {
+    let a = on_device(100 * MB, ExpandableConfig::default());
+    let live = mosaic(&a);
+    let c = a.allocate(12 * MB, S0).unwrap();
+    a.deallocate(c).unwrap();
+    let syncs = a.stats().calls.calls(CallKind::Synchronize);
+    let (retries, creates) = (
+        a.stats().num_alloc_retries,
+        a.stats().calls.calls(CallKind::Create),
+    );
+    // Y2's place, then Y0's and Y1's: the second request fits nothing until the ends are home.
+    let ys: Vec<Allocation> = (0..3).map(|_| a.allocate(8 * MB, S0).unwrap()).collect();
+    let at: Vec<u64> = ys
+        .iter()
+        .map(|y| (y.ptr().get() - live[0].ptr().get()) / MB as u64)
+        .collect();
+    assert_eq!(at, [64, 16, 40], "the ends serve as before");
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!(
+        s.calls.calls(CallKind::Synchronize),
+        syncs,
+        "no synchronization"
+    );
+    assert_eq!(
+        (s.num_alloc_retries, s.calls.calls(CallKind::Create)),
+        (retries, creates)
+    );
+    assert_eq!(
+        a.snapshot().segments.len(),
+        2,
+        "the rescue, parked, still mapped"
+    );
+    assert_eq!(
+        (s.parked_pages, s.parked_bytes, s.alias_bytes),
+        (2, 40 * MB as u64, 0),
+        "its two aliases are parked mappings now"
+    );
+    assert_eq!(s.reserved_bytes.all.current, 100 * MB as u64);
+    // Freed, the 8 MiB blocks hold no 12 MiB range: the request must grow, so the parked rescue
+    // is torn down first (the stream synchronized now), and the request is rescued anew.
+    for y in ys {
+        a.deallocate(y).unwrap();
+    }
+    let again = a.allocate(12 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!(s.calls.calls(CallKind::Synchronize), syncs + 1);
+    assert_eq!((s.parked_pages, s.parked_bytes), (0, 0));
+    assert_eq!(s.alias_bytes, 40 * MB as u64, "the new rescue's aliases");
+    for b in live.into_iter().chain([again]) {
+        a.deallocate(b).unwrap();
+    }
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+    assert_eq!(a.stats().reserved_bytes.all.current, 0);
+}
+
+/// Ends lent by another stream's pages go home only once the rescued block's stream is
+/// synchronized: that stream's queued work may still use them, and the home stream's next work
+/// is not ordered after it (Note [Parked rescue]).
+#[test]
+fn a_freed_rescue_of_another_streams_ends_is_torn_down_after_a_synchronization() {
+    const S1: StreamId = StreamId::sim(1);
+    let a = on_device(100 * MB, ExpandableConfig::default());
+    let live = mosaic(&a);
+    // Stream 1's request is rescued from stream 0's ends, and freed.
+    let c = a.allocate(12 * MB, S1).unwrap();
+    a.deallocate(c).unwrap();
+    let syncs = a.stats().calls.calls(CallKind::Synchronize);
+    // Stream 0: Y2's place, then a request that fits nothing until the ends are home.
+    let ys: Vec<Allocation> = (0..2).map(|_| a.allocate(8 * MB, S0).unwrap()).collect();
+    let at: Vec<u64> = ys
+        .iter()
+        .map(|y| (y.ptr().get() - live[0].ptr().get()) / MB as u64)
+        .collect();
+    assert_eq!(at, [64, 16]);
+    a.check_invariants().unwrap();
+    let s = a.stats();
+    assert_eq!(
+        s.calls.calls(CallKind::Synchronize),
+        syncs + 1,
+        "stream 1 synchronized before its ends went home"
+    );
+    assert_eq!((s.parked_pages, s.parked_bytes), (0, 0), "nothing parked");
+    assert_eq!(a.snapshot().segments.len(), 1, "the rescue torn down");
+    for b in live.into_iter().chain(ys) {
+        a.deallocate(b).unwrap();
+    }
+    a.empty_cache().unwrap();
+    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
 }
 
 #[test]

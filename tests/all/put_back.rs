@@ -81,8 +81,11 @@ fn a_torn_down_rescue_maps_the_last_resorts_page_back_where_it_was() {
 
 #[test]
 fn without_the_setting_the_page_is_released_and_created_again() {
+    // Without parking too: with no page to put back the freed rescue would be parked (Note
+    // [Parked rescue]), its handle kept mapped for the growth after it.
     let config = ExpandableConfig {
         put_back_after_retry: false,
+        park_remaps: false,
         ..ExpandableConfig::default()
     };
     let (a, page5, before, live) = rescued_then_torn_down(config);

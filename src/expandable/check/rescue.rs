@@ -56,6 +56,12 @@ impl<B: Backend> State<B> {
                 return Err(broken(cursor));
             }
             let block_at = self.pieces.get(r.block).start;
+            // A parked rescue (Note [Parked rescue]) is dead and lends nothing.
+            if r.parked && (at.is_some() || !r.lent.is_empty()) {
+                return Err(V::BlockRecord {
+                    at: DevAddr::new(block_at),
+                });
+            }
             let live = self.live.get(&block_at).filter(|b| b.piece == r.block);
             let pending = self
                 .pending
