@@ -16,7 +16,11 @@ physical bytes created at min capacity exceed 1.1 x the peak reserved there (pyt
 count in parentheses); and, of the run at 80 GiB (no pressure), on how many cases ours makes more
 driver calls and reserves more at its peak than pytorch-expandable. Issue 19's goals 1-3 ask for
 zero in the last seven columns. With
---cases, one line per case follows the table (what a change moved, case by case).
+--cases, one line per case follows the table (what a change moved, case by case). With
+--at-bars, one column more: on how many cases ours, whose smallest capacity is at or below a
+bar's (classic's or pytorch-expandable's), still fails at that bar's own smallest capacity (the
+bisection assumes that what fits a device fits any larger one; a policy's decisions can make
+that false, and a user with the bar's device would see the OOM).
 
 Groups: shared, servers (inference-server, inference-server-4), streams (multi-stream,
 two-streams, ten-streams), programs (qlora, unet3d-training, empty-cache-training), and, only
@@ -83,6 +87,30 @@ def replay(binary, inputs, variants):
     return cases
 
 
+def fails_at(binary, inputs, variants, capacity_mib):
+    """Per variant: whether ours raises an OOM replaying `inputs` at `capacity_mib`."""
+    cmd = [binary, *inputs, "--capacity", f"{capacity_mib}MiB", "--allocators", "expandable",
+           "--json"]
+    for v in variants:
+        cmd += ["--conf", f"expandable={v}"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    runs = json.loads(out)["traces"][0]["allocators"]
+    return [a["ooms"] > 0 for a in runs if a["allocator"] == "expandable"]
+
+
+def at_bars(binary, inputs, case, variants):
+    """Per variant: whether ours fails at the smallest capacity of a bar it claims to beat."""
+    cl, pt, ours, _ = case
+    failed = [False] * len(variants)
+    for bar in sorted({cl[0], pt[0]}):
+        asked = [i for i, o in enumerate(ours) if o[0] <= bar]
+        if asked:
+            got = fails_at(binary, inputs, [variants[i] for i in asked], bar)
+            for i, f in zip(asked, got):
+                failed[i] = failed[i] or f
+    return failed
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--variant", action="append", default=[],
@@ -96,6 +124,9 @@ def main():
                         "capacity (MiB), then each variant's, with its synchronizations (s), "
                         "driver calls (c) and bytes created over peak reserved (x) at min "
                         "capacity; * marks more than pytorch-expandable")
+    p.add_argument("--at-bars", action="store_true",
+                   help="also replay ours at each bar's smallest capacity it claims to beat, "
+                        "and count the cases where it fails there")
     args = p.parse_args()
     variants = ["", *args.variant]
     subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "vmm-replay"],
@@ -114,10 +145,24 @@ def main():
             jobs += [(group, ["--workload", w, "--seed", str(s)]) for s in args.seeds]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         results = list(pool.map(lambda j: replay(binary, j[1], variants), jobs))
+        # Per job, per case (a shared-traces job holds many: each replayed alone), per variant.
+        bars = None
+        if args.at_bars:
+            def alone(inputs, case):
+                # A trace file's case is the file named after it; a workload's, the job.
+                files = [i for i in inputs if os.path.splitext(os.path.basename(i))[0] == case[3]]
+                return files or inputs
+            work = [(alone(inputs, c), c) for (_, inputs), r in zip(jobs, results) for c in r]
+            flat = list(pool.map(lambda w: at_bars(binary, w[0], w[1], variants), work))
+            bars, k = [], 0
+            for r in results:
+                bars.append(flat[k:k + len(r)])
+                k += len(r)
+    extra = " | fails at a bar's capacity" if bars else ""
     print("| group | variant | cases | Σ min MiB (pt-exp) | > pt-exp (worst MiB) | > classic "
           "| syncs > pt-exp | calls > pt-exp | created > 1.1 × reserved (pt-exp) "
-          "| @80 GiB: calls > pt-exp | @80 GiB: reserved > pt-exp |")
-    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+          f"| @80 GiB: calls > pt-exp | @80 GiB: reserved > pt-exp{extra} |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|" + ("--:|" if bars else ""))
     for group in dict.fromkeys(g for g, _ in jobs):
         cases = [c for (g, _), r in zip(jobs, results) if g == group for c in r]
         for i, v in enumerate(variants):
@@ -134,6 +179,9 @@ def main():
                 str(sum(o[4] > pt[4] for _, pt, o in ours)),
                 str(sum(o[5] > pt[5] for _, pt, o in ours)),
             ]
+            if bars:
+                failed = [f[i] for (g, _), b in zip(jobs, bars) if g == group for f in b]
+                row.append(str(sum(failed)))
             print("| " + " | ".join(row) + " |")
     if args.cases:
         print()
