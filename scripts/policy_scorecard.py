@@ -123,7 +123,8 @@ def main():
                    help="also print one line per case: classic's and pytorch-expandable's min "
                         "capacity (MiB), then each variant's, with its synchronizations (s), "
                         "driver calls (c) and bytes created over peak reserved (x) at min "
-                        "capacity; * marks more than pytorch-expandable")
+                        "capacity; * marks more than pytorch-expandable, ! a failure at a "
+                        "bar's capacity (with --at-bars)")
     p.add_argument("--at-bars", action="store_true",
                    help="also replay ours at each bar's smallest capacity it claims to beat, "
                         "and count the cases where it fails there")
@@ -185,9 +186,11 @@ def main():
             print("| " + " | ".join(row) + " |")
     if args.cases:
         print()
-        for cl, pt, ours, name in (c for r in results for c in r):
-            cells = [f"{o[0]}{'*' if o[0] > pt[0] else ''} s{o[1]} c{o[2]} x{o[3]:.2f}"
-                     for o in ours]
+        flags = [f for b in bars for f in b] if bars else None
+        for k, (cl, pt, ours, name) in enumerate(c for r in results for c in r):
+            failed = flags[k] if flags else [False] * len(ours)
+            cells = [f"{o[0]}{'*' if o[0] > pt[0] else ''}{'!' if f else ''} s{o[1]} c{o[2]} "
+                     f"x{o[3]:.2f}" for o, f in zip(ours, failed)]
             print(f"{name:44} classic {cl[0]:6} pt-exp {pt[0]:6} s{pt[1]} c{pt[2]} | "
                   + " | ".join(cells))
 
