@@ -547,9 +547,12 @@ impl<B: Backend> State<B> {
     }
 
     /// Physical bytes the allocator holds (mapped and cached) plus `held`, those the growth in
-    /// progress already took.
+    /// progress already took. The parked rescues' new bytes count as room, as they would once
+    /// given back at their teardown (Note [Parked rescue] in `rescue.rs`); no growth sees one:
+    /// a request that must grow tears them down first.
     pub(crate) fn in_use(&self, held: usize) -> usize {
-        self.stats.reserved_bytes.all.current as usize + self.cache.bytes() + held
+        let reserved = self.stats.reserved_bytes.all.current as usize;
+        reserved - self.parked_rescue_bytes + self.cache.bytes() + held
     }
 
     /// Whether taking `want` more bytes, with `held` bytes already taken by the growth in

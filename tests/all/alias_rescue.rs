@@ -244,32 +244,44 @@ fn a_freed_rescue_of_its_own_streams_ends_is_parked_without_a_synchronization() 
     assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
 }
 
-/// Ends lent by another stream's pages go home only once the rescued block's stream is
-/// synchronized: that stream's queued work may still use them, and the home stream's next work
-/// is not ordered after it (Note [Parked rescue]).
+/// Where another stream holds memory, a freed rescue goes home only once its stream is
+/// synchronized, whoever lent its ends (Note [Parked rescue]): ends lent by another stream's
+/// pages may still be in use by the rescued block's queued work, and the home stream's next work
+/// is not ordered after it; and a synchronization that makes the stream quiet is what lets the
+/// other streams' growths take its free pages without one of their own.
 #[test]
-fn a_freed_rescue_of_another_streams_ends_is_torn_down_after_a_synchronization() {
+fn with_another_stream_a_freed_rescue_is_torn_down_after_a_synchronization() {
     const S1: StreamId = StreamId::sim(1);
-    let a = on_device(100 * MB, ExpandableConfig::default());
-    let live = mosaic(&a);
-    // Stream 1's request is rescued from stream 0's ends, and freed.
-    let c = a.allocate(12 * MB, S1).unwrap();
-    a.deallocate(c).unwrap();
-    let syncs = a.stats().calls.calls(CallKind::Synchronize);
-    // Stream 0: Y2's place, then a request that fits nothing until the ends are home.
-    let (ys, at) = eights(&a, &live, 2, S0);
-    assert_eq!(at, [64, 16]);
-    a.check_invariants().unwrap();
-    let s = a.stats();
-    assert_eq!(
-        s.calls.calls(CallKind::Synchronize),
-        syncs + 1,
-        "stream 1 synchronized before its ends went home"
-    );
-    assert_eq!((s.parked_pages, s.parked_bytes), (0, 0), "nothing parked");
-    assert_eq!(a.snapshot().segments.len(), 1, "the rescue torn down");
-    free_all(&a, live.into_iter().chain(ys));
-    assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+    // Stream 1's request, rescued from stream 0's ends; then stream 0's, with stream 1 holding
+    // a page of its own on a device 20 MiB larger.
+    for own in [false, true] {
+        let a = on_device(
+            if own { 120 * MB } else { 100 * MB },
+            ExpandableConfig::default(),
+        );
+        let live = mosaic(&a);
+        let other = own.then(|| a.allocate(20 * MB, S1).unwrap());
+        let c = a.allocate(12 * MB, if own { S0 } else { S1 }).unwrap();
+        a.deallocate(c).unwrap();
+        let syncs = a.stats().calls.calls(CallKind::Synchronize);
+        // Stream 0: Y2's place, then a request that fits nothing until the ends are home.
+        let (ys, at) = eights(&a, &live, 2, S0);
+        assert_eq!(at, [64, 16]);
+        let s = a.stats();
+        assert_eq!(
+            s.calls.calls(CallKind::Synchronize),
+            syncs + 1,
+            "the rescue's stream synchronized before its ends went home (own ends: {own})"
+        );
+        assert_eq!((s.parked_pages, s.parked_bytes), (0, 0), "nothing parked");
+        assert_eq!(
+            a.snapshot().segments.len(),
+            1 + usize::from(own),
+            "the rescue torn down"
+        );
+        free_all(&a, live.into_iter().chain(ys).chain(other));
+        assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
+    }
 }
 
 #[test]
