@@ -120,9 +120,10 @@ pub struct ExpandableConfig {
     /// old addresses; work queued after it (the only work that can use the new ones) runs after
     /// it, so this is as safe as reusing the free block in place. Pages of other streams still
     /// wait for a synchronization. The same rule lets a freed alias rescue whose ends its own
-    /// stream lent give them back home without a synchronization, its reservation parked until
-    /// the stream is synchronized for a growth (Note \[Parked rescue\] in
-    /// `expandable/rescue.rs`). Default on. PyTorch: off (it synchronizes before every unmap).
+    /// stream lent give them back home without a synchronization, in a program whose large-pool
+    /// memory is that stream's alone, its reservation parked until a request must grow (Note
+    /// \[Parked rescue\] in `expandable/rescue.rs`). Default on. PyTorch: off (it synchronizes
+    /// before every unmap).
     pub park_remaps: bool,
     /// A per-stream front cache (Note \[Front cache\] in `expandable/front/mod.rs`): a block freed
     /// with [`Allocator::deallocate`](crate::Allocator::deallocate) is stashed on its stream, and

@@ -552,7 +552,7 @@ impl<B: Backend> State<B> {
     /// a request that must grow tears them down first.
     pub(crate) fn in_use(&self, held: usize) -> usize {
         let reserved = self.stats.reserved_bytes.all.current as usize;
-        reserved - self.parked_rescue_bytes + self.cache.bytes() + held
+        reserved - self.parked_rescue_bytes() + self.cache.bytes() + held
     }
 
     /// Whether taking `want` more bytes, with `held` bytes already taken by the growth in

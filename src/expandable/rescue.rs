@@ -467,7 +467,6 @@ impl<B: Backend> State<B> {
                         self.make_free(slot, piece);
                     }
                     r.parked = true;
-                    self.parked_rescue_bytes += r.owned.iter().map(|c| c.len).sum::<usize>();
                 }
                 parked = true;
                 self.dead_rescues.push(r);
@@ -494,6 +493,13 @@ impl<B: Backend> State<B> {
             && r.lent
                 .iter()
                 .all(|&(slot, _)| self.index.key(slot).stream == r.stream)
+    }
+
+    /// The new bytes of the parked rescues (Note [Parked rescue]): reserved, but room for every
+    /// decision, as they would be once given back. Rescues are few and rarely parked.
+    pub(crate) fn parked_rescue_bytes(&self) -> usize {
+        let parked = self.dead_rescues.iter().filter(|r| r.parked);
+        parked.flat_map(|r| r.owned.iter().map(|c| c.len)).sum()
     }
 
     /// Tears down every dead rescue, synchronizing streams as needed; returns the first error.
@@ -539,9 +545,6 @@ impl<B: Backend> State<B> {
         if let Err(e) = unmapped {
             self.dead_rescues.push(r);
             return Err(e);
-        }
-        if r.parked {
-            self.parked_rescue_bytes -= r.owned.iter().map(|c| c.len).sum::<usize>();
         }
         let mut left = Leftover::reservation(r.va);
         for c in r.owned {

@@ -113,9 +113,6 @@ pub(crate) struct State<B: Backend> {
     /// Rescues whose block was freed, waiting for their teardown (Note [Alias rescue]): by the
     /// next allocation that would grow, `empty_cache` or the last resort.
     pub(crate) dead_rescues: Vec<crate::expandable::rescue::Rescue>,
-    /// The new bytes of the parked rescues (Note [Parked rescue]): reserved, but room for every
-    /// decision, as they were once given back before the rescue was parked.
-    pub(crate) parked_rescue_bytes: usize,
     /// An OOM was raised since the last `empty_cache`: no rescue until then, unless
     /// `rescue_after_oom` (Note [Alias rescue]).
     pub(crate) rescue_paused: bool,
@@ -175,7 +172,6 @@ impl<B: Backend> State<B> {
             next_segment_seq: 0,
             rescues: FxHashMap::default(),
             dead_rescues: Vec::new(),
-            parked_rescue_bytes: 0,
             rescue_paused: false,
             kept: HandleCache::default(),
             deferred: Deferred::default(),

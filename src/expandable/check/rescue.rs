@@ -99,19 +99,6 @@ impl<B: Backend> State<B> {
                 }
             }
         }
-        let parked: usize = self
-            .dead_rescues
-            .iter()
-            .filter(|r| r.parked)
-            .flat_map(|r| r.owned.iter().map(|c| c.len))
-            .sum();
-        if parked != self.parked_rescue_bytes {
-            return Err(V::Stat {
-                name: "parked_rescue_bytes",
-                value: self.parked_rescue_bytes as u64,
-                sum: parked as u64,
-            });
-        }
         Ok(sums)
     }
 }
