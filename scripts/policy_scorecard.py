@@ -22,6 +22,13 @@ bar's (classic's or pytorch-expandable's), still fails at that bar's own smalles
 bisection assumes that what fits a device fits any larger one; a policy's decisions can make
 that false, and a user with the bar's device would see the OOM).
 
+With --save FILE, every case's figures go to FILE as JSON; with --against FILE (a --save of an
+earlier build or setting, on the same cases), what moved since then follows: per group and
+variant, the cases that changed and the change in min capacity summed, in cases above each bar,
+and in synchronizations and driver calls summed at min capacity; then each changed case. One
+build against another is two runs, e.g. from a worktree of the earlier commit:
+`policy_scorecard.py --save /tmp/before.json` there, then `--against /tmp/before.json` here.
+
 Groups: shared, servers (inference-server, inference-server-4), streams (multi-stream,
 two-streams, ten-streams), programs (qlora, unet3d-training, empty-cache-training), and, only
 when asked for with --groups, many (thirty-two-streams, inference-server-32: 32 streams, where
@@ -128,7 +135,16 @@ def main():
     p.add_argument("--at-bars", action="store_true",
                    help="also replay ours at each bar's smallest capacity it claims to beat, "
                         "and count the cases where it fails there")
+    p.add_argument("--save", metavar="FILE",
+                   help="write every case's figures to FILE (JSON), for a later --against")
+    p.add_argument("--against", metavar="FILE",
+                   help="compare with the figures an earlier --save wrote: per group and "
+                        "variant what moved, then each case that changed")
     args = p.parse_args()
+    earlier = None
+    if args.against:
+        with open(args.against) as f:
+            earlier = json.load(f)
     variants = ["", *args.variant]
     subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "vmm-replay"],
                    cwd=ROOT, check=True)
@@ -193,6 +209,69 @@ def main():
                      f"x{o[3]:.2f}" for o, f in zip(ours, failed)]
             print(f"{name:44} classic {cl[0]:6} pt-exp {pt[0]:6} s{pt[1]} c{pt[2]} | "
                   + " | ".join(cells))
+    if args.save or earlier is not None:
+        now = saved(jobs, results, variants)
+        if args.save:
+            with open(args.save, "w") as f:
+                json.dump(now, f, indent=1)
+        if earlier is not None:
+            print_against(now, earlier, args.against)
+
+
+FIGURE_NAMES = ["min_mib", "syncs", "calls", "created_ratio", "calls_80", "reserved_80"]
+
+
+def saved(jobs, results, variants):
+    """Every case's figures, by case name: its group, classic's, pytorch-expandable's and each
+    variant's (by its settings string, "" for the defaults)."""
+    out = {}
+    for (group, _), r in zip(jobs, results):
+        for cl, pt, ours, name in r:
+            out[name] = {
+                "group": group,
+                "classic": dict(zip(FIGURE_NAMES, cl)),
+                "pytorch-expandable": dict(zip(FIGURE_NAMES, pt)),
+                "ours": {v: dict(zip(FIGURE_NAMES, o)) for v, o in zip(variants, ours)},
+            }
+    return out
+
+
+def print_against(now, earlier, path):
+    """What moved since `earlier` (an earlier --save): per group and variant, then per case."""
+    common = [n for n in now if n in earlier]
+    missing = len(now) - len(common)
+    print(f"\nAgainst {path} ({len(common)} cases in both"
+          + (f"; {missing} not in it" if missing else "") + "):\n")
+    print("| group | variant | cases changed | Δ Σ min MiB | Δ cases > pt-exp | Δ cases > classic "
+          "| Δ Σ syncs | Δ Σ calls |")
+    print("|---|---|--:|--:|--:|--:|--:|--:|")
+    changed = []
+    groups = dict.fromkeys(now[n]["group"] for n in common)
+    for group in groups:
+        names = [n for n in common if now[n]["group"] == group]
+        variants = [v for v in now[names[0]]["ours"] if all(v in earlier[n]["ours"] for n in names)]
+        for v in variants:
+            d = {"n": 0, "min": 0, "pt": 0, "cl": 0, "syncs": 0, "calls": 0}
+            for n in names:
+                a, b = earlier[n]["ours"][v], now[n]["ours"][v]
+                pt, cl = now[n]["pytorch-expandable"]["min_mib"], now[n]["classic"]["min_mib"]
+                if a != b:
+                    d["n"] += 1
+                    changed.append((n, v, a, b))
+                d["min"] += b["min_mib"] - a["min_mib"]
+                d["pt"] += (b["min_mib"] > pt) - (a["min_mib"] > pt)
+                d["cl"] += (b["min_mib"] > cl) - (a["min_mib"] > cl)
+                d["syncs"] += b["syncs"] - a["syncs"]
+                d["calls"] += b["calls"] - a["calls"]
+            print(f"| {group} | {f'`{v}`' if v else 'defaults'} | {d['n']} of {len(names)} "
+                  f"| {d['min']:+,} | {d['pt']:+} | {d['cl']:+} | {d['syncs']:+,} "
+                  f"| {d['calls']:+,} |")
+    if changed:
+        print()
+    for n, v, a, b in changed:
+        moved = [f"{k} {a[k]:.2f} -> {b[k]:.2f}" if k == "created_ratio" else
+                 f"{k} {a[k]:,} -> {b[k]:,}" for k in FIGURE_NAMES if a[k] != b[k]]
+        print(f"{n:44} {v or 'defaults'}: " + ", ".join(moved))
 
 
 if __name__ == "__main__":
