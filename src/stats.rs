@@ -163,6 +163,10 @@ pub struct MemoryStats {
     /// How many such second mappings there are (each one `cuMemMap` of a handle mapped
     /// elsewhere).
     pub alias_mappings: u64,
+    /// Alias rescues mapped in a segment's rescue space (Note \[Rescue space\] in `expandable/rescue.rs`): each counts
+    /// in `segment` as a segment of its own but holds no reservation of its own. Expandable
+    /// only.
+    pub rescues_in_space: u64,
     /// Backend calls by kind, made by this allocator.
     pub calls: CallCounts,
 }

@@ -122,6 +122,7 @@ pub fn stats_json(s: &MemoryStats, dev: &dyn DeviceOps, max_split_size: Option<u
         ("alias_revivals", s.alias_revivals),
         ("alias_bytes", s.alias_bytes),
         ("alias_mappings", s.alias_mappings),
+        ("rescues_in_space", s.rescues_in_space),
         ("driver_calls", s.calls.total()),
         ("sleep.allocations", sleep.allocations),
         ("sleep.requested_bytes", sleep.requested_bytes),

@@ -215,7 +215,7 @@ use crate::expandable::target::Target;
 use crate::mechanism::counters::track;
 use crate::mechanism::deferred::Leftover;
 use crate::stats::PoolKind;
-use crate::units::DevAddr;
+use crate::units::{DevAddr, VaRange};
 
 /// What a harvest must respect: the growing stream (its own pages may be parked, Note
 /// [Parked pages] in `parked.rs`) and the range the growth relies on (segment, from, to), whose
@@ -495,13 +495,31 @@ impl<B: Backend> State<B> {
             .checked_next_multiple_of(page)
             .ok_or(GrowFail::OutOfMemory)?
             .max(least);
+        // Note [Rescue space]: a large-pool segment's reservation holds an eighth more (three
+        // pages at least: a rescue maps two pages' ends), after the segment's own addresses,
+        // where an alias rescue maps without a reservation of its own; given up first where the
+        // driver refuses the addresses.
+        let mut space =
+            if pool == PoolKind::Large && self.config.alias_rescue && !self.rescue_space_refused {
+                // Absurd page sizes overflow: no space then.
+                page.checked_mul(3)
+                    .map(|least| (va_len / 8).max(least))
+                    .and_then(|s| s.checked_next_multiple_of(self.granularity))
+                    .filter(|s| va_len.checked_add(*s).is_some())
+                    .unwrap_or(0)
+            } else {
+                0
+            };
         let va = loop {
             match track(
                 &mut self.stats,
                 CallKind::Reserve,
-                self.backend.reserve(va_len),
+                self.backend.reserve(va_len + space),
             ) {
                 Ok(va) => break va,
+                Err(e) if e.is_out_of_memory() && space > 0 => {
+                    (space, self.rescue_space_refused) = (0, true)
+                }
                 Err(e) if self.config.va_fallback && e.is_out_of_memory() && va_len > least => {
                     va_len = least
                 }
@@ -509,14 +527,17 @@ impl<B: Backend> State<B> {
                 Err(e) => return Err(GrowFail::Backend(e)),
             }
         };
+        let va = VaRange {
+            start: va.start,
+            len: va.len - space,
+        };
         let va_len = va.len;
         let key = SegmentKey::of(&va);
         let slot = self.index.slot(StreamPool { stream, pool });
         let tail = self.pieces.new_tiling(key.start(), va.len);
-        self.segments.insert(
-            key,
-            Segment::new(va, stream, pool, slot, tail, self.next_segment_seq),
-        );
+        let mut segment = Segment::new(va, stream, pool, slot, tail, self.next_segment_seq);
+        segment.rescue_space = space;
+        self.segments.insert(key, segment);
         self.segments_by_slot
             .insert((slot, self.next_segment_seq, key));
         self.next_segment_seq += 1;
@@ -947,7 +968,7 @@ impl<B: Backend> State<B> {
                 self.releasable.set(target.seg, false);
                 self.pieces.release_tiling(seg.tail);
                 self.stats.segment.decrease(seg.pool, 1);
-                let mut left = Leftover::reservation(seg.va);
+                let mut left = Leftover::reservation(seg.reservation());
                 for (at, c) in seg.stuck {
                     left = left.with_mapping(DevAddr::new(at), c.len, c.handle);
                 }

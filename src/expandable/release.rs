@@ -70,7 +70,11 @@ impl<B: Backend> State<B> {
                 self.record_unmapped(seg, &chunks, out);
             }
             let s = &self.segments[&seg];
-            if s.chunks.is_empty() && s.stuck.is_empty() && s.parked.is_empty() {
+            if s.chunks.is_empty()
+                && s.stuck.is_empty()
+                && s.parked.is_empty()
+                && !s.rescue_space_busy
+            {
                 self.free_segment(seg)?;
             } else {
                 // Every free chunk and stuck chunk is gone: nothing left to give back.
@@ -139,7 +143,7 @@ impl<B: Backend> State<B> {
             let s = &self.segments[&key];
             let has = !s.stuck.is_empty()
                 || !s.parked.is_empty()
-                || s.chunks.is_empty()
+                || (s.chunks.is_empty() && !s.rescue_space_busy)
                 || with_chunk.binary_search(&key).is_ok();
             self.releasable.set(key, has);
         }
@@ -147,11 +151,12 @@ impl<B: Backend> State<B> {
     }
 
     /// Whether `seg` has something `release_cached` gives back: a stuck or parked chunk, a chunk
-    /// wholly free, or no chunk at all (the segment itself goes).
+    /// wholly free, or no chunk at all and no rescue in its rescue space (the segment itself
+    /// goes).
     pub(crate) fn has_releasable(&self, seg: &Segment) -> bool {
         !seg.stuck.is_empty()
             || !seg.parked.is_empty()
-            || seg.chunks.is_empty()
+            || (seg.chunks.is_empty() && !seg.rescue_space_busy)
             || self.has_free_chunk(seg)
     }
 
@@ -296,7 +301,7 @@ impl<B: Backend> State<B> {
     }
 
     fn free_segment(&mut self, seg: SegmentKey) -> Result<(), BackendError> {
-        let va = self.segments[&seg].va;
+        let va = self.segments[&seg].reservation();
         track(
             &mut self.stats,
             CallKind::FreeReservation,
@@ -328,8 +333,8 @@ impl<B: Backend> State<B> {
 
     /// Gives back `left`, the rest of a rolled-back growth's new segment, or defers what the
     /// driver refuses (Note [Deferred releases]): unmapped handles go to the handle cache or are
-    /// released, as any unmapped handle.
-    pub(crate) fn give_back_or_defer(&mut self, left: Leftover) {
+    /// released, as any unmapped handle. Returns whether all of it was given back now.
+    pub(crate) fn give_back_or_defer(&mut self, left: Leftover) -> bool {
         let (cache, cached) = (&mut self.cache, self.config.handle_cache);
         // A failed release keeps the handle in the cache (released by a later trim).
         let mut dispose = |b: &B, s: &mut MemoryStats, h, len| {
@@ -337,7 +342,7 @@ impl<B: Backend> State<B> {
             Ok(())
         };
         self.deferred
-            .give_back_or_keep(&self.backend, &mut self.stats, left, &mut dispose);
+            .give_back_or_keep(&self.backend, &mut self.stats, left, &mut dispose)
     }
 
     /// Tries again to give back what the driver refused (Note [Deferred releases]).

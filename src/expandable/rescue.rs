@@ -87,6 +87,21 @@
 //! synchronization, the only one PyTorch's policy did not make there (and 4 calls: 4,143 →
 //! 4,139); no other shared trace and no generated case (seeds 1–18) moved.
 //!
+//! Note [Rescue space]: a rescue's range need not be a reservation of its own. A large-pool
+//! segment reserves an eighth more addresses than its own (`va_factor` × the device; three pages
+//! at least, as a rescue maps two pages' ends), after them and outside its tiling, so no growth
+//! ever maps there; the first rescue that fits takes the space of the earliest segment that has
+//! it free, and gives it back at its teardown. A rescue then costs no `cuMemAddressReserve` and
+//! no `cuMemAddressFree`: the one driver call by which ours exceeded PyTorch's policy on the
+//! shared traces at its smallest capacity was that reservation (`cs336-forward-bf16-ctx128-e`:
+//! 133 calls against 132, now 132). Only addresses: no decision reads where a rescue lies, so
+//! every placement, capacity and synchronization is as before. A segment whose space holds a
+//! rescue is not freed while it does (its reservation holds the rescue's mappings), even with no
+//! chunk left; a space whose mappings the driver would not remove (deferred, Note [Deferred
+//! releases]) stays taken for the segment's life. Where the driver refuses the larger reservation
+//! (addresses running out) the segment, and every later one, is reserved without a space, and
+//! rescues reserve their own as before.
+//!
 //! Accounting: `reserved_bytes` counts each physical byte once: the homes' chunks (lent bytes
 //! included) and each rescue's own handles. The snapshot shows each rescue as a segment of its
 //! own (its aliased ends unmapped, the block in the middle), and the lent bytes at home as
@@ -101,7 +116,7 @@ use crate::error::BackendError;
 use crate::expandable::growth::Source;
 use crate::expandable::pieces::{Kind, PieceId};
 use crate::expandable::put_back::Unmapped;
-use crate::expandable::segment::Chunk;
+use crate::expandable::segment::{Chunk, SegmentKey};
 use crate::expandable::size_index::StreamPool;
 use crate::expandable::state::{Block, State};
 use crate::mechanism::counters::track;
@@ -133,6 +148,9 @@ pub(crate) struct Rescue {
     /// Dead and its ends given back home already, its reservation still mapped until its stream
     /// is synchronized for a growth (Note [Parked rescue]); never revived.
     pub(crate) parked: bool,
+    /// The segment whose rescue space `va` lies in (Note [Rescue space]), or `None` where `va`
+    /// is a reservation of its own.
+    pub(crate) space: Option<SegmentKey>,
 }
 
 /// A free end of a partly used chunk.
@@ -177,8 +195,8 @@ impl<B: Backend> State<B> {
         for s in ends.into_iter().flatten().filter(|&s| s != stream) {
             self.sync_before_unmap(s).ok()?;
         }
-        let (va, owned) = self.map_rescue(&plan)?;
-        Some(self.commit_rescue(stream, pool, rounded, plan, va, owned))
+        let (va, space, owned) = self.map_rescue(&plan)?;
+        Some(self.commit_rescue(stream, pool, rounded, plan, (va, space), owned))
     }
 
     /// The largest free tail and the largest free head of partly used large-pool chunks (of
@@ -256,34 +274,73 @@ impl<B: Backend> State<B> {
         })
     }
 
-    /// Reserves the rescue's range and maps it: the tail's chunk, the new bytes (Note [Rescue
-    /// from the cache]), the head's chunk, then access on the whole. Returns the reservation and
-    /// the handles of the new bytes, in address order; on an error, gives back what it did
-    /// (deferring what the driver refuses) and returns `None`.
-    fn map_rescue(&mut self, plan: &Plan) -> Option<(VaRange, Vec<Chunk>)> {
+    /// Takes the rescue's range (a segment's rescue space, Note [Rescue space], else a
+    /// reservation of its own) and maps it: the tail's chunk, the new bytes (Note [Rescue from
+    /// the cache]), the head's chunk, then access on the whole. Returns the range, the segment
+    /// whose space it is, and the handles of the new bytes, in address order; on an error,
+    /// gives back what it did (deferring what the driver refuses) and returns `None`.
+    fn map_rescue(&mut self, plan: &Plan) -> Option<(VaRange, Option<SegmentKey>, Vec<Chunk>)> {
         let (t_len, h_len) = (
             plan.tail.map_or(0, |t| t.0.chunk.len),
             plan.head.map_or(0, |h| h.0.chunk.len),
         );
         let total = t_len + plan.new + h_len;
-        let va = track(
-            &mut self.stats,
-            CallKind::Reserve,
-            self.backend.reserve(total),
-        )
-        .ok()?;
+        let space = self.take_rescue_space(total);
+        let va = match space {
+            Some(key) => VaRange {
+                start: DevAddr::new(self.segments[&key].end()),
+                len: total,
+            },
+            None => track(
+                &mut self.stats,
+                CallKind::Reserve,
+                self.backend.reserve(total),
+            )
+            .ok()?,
+        };
         let x = va.start.get();
-        let mut left = Leftover::reservation(va);
+        let mut left = match space {
+            Some(_) => Leftover::default(),
+            None => Leftover::reservation(va),
+        };
         let mut owned = Vec::new();
         let mapped = self.map_rescue_parts(plan, x, &mut left, &mut owned);
         if mapped.is_some() {
             let set = self.backend.set_access(va.start, total, &self.access);
             if track(&mut self.stats, CallKind::SetAccess, set).is_ok() {
-                return Some((va, owned));
+                return Some((va, space, owned));
             }
         }
-        self.give_back_or_defer(left);
+        // A space the driver would not empty stays taken: nothing may be mapped over what it
+        // still holds there, and its segment's reservation is not freed around it.
+        if self.give_back_or_defer(left) {
+            if let Some(key) = space {
+                self.free_rescue_space(key);
+            }
+        }
         None
+    }
+
+    /// The free rescue space of at least `len` bytes of the earliest segment that has one
+    /// (Note [Rescue space]), now taken; `None` if no segment has one free.
+    fn take_rescue_space(&mut self, len: usize) -> Option<SegmentKey> {
+        let key = self
+            .segments
+            .iter()
+            .filter(|(_, s)| !s.rescue_space_busy && s.rescue_space >= len)
+            .min_by_key(|(_, s)| s.seq)
+            .map(|(&key, _)| key)?;
+        self.segments.get_mut(&key)?.rescue_space_busy = true;
+        Some(key)
+    }
+
+    /// Frees the rescue space of segment `key` (its rescue's mappings all gone), and has the
+    /// release index look at the segment again: with no chunk, it may go now.
+    fn free_rescue_space(&mut self, key: SegmentKey) {
+        if let Some(s) = self.segments.get_mut(&key) {
+            s.rescue_space_busy = false;
+            self.releasable.touch(s.slot);
+        }
     }
 
     /// Maps the rescue's parts from `x`, recording each in `left` (and the new bytes' handles
@@ -366,7 +423,7 @@ impl<B: Backend> State<B> {
         pool: PoolKind,
         rounded: usize,
         plan: Plan,
-        va: VaRange,
+        (va, space): (VaRange, Option<SegmentKey>),
         owned: Vec<Chunk>,
     ) -> (u32, PieceId) {
         let x = va.start.get();
@@ -412,6 +469,7 @@ impl<B: Backend> State<B> {
             aliased,
             stream,
             parked: false,
+            space,
         };
         self.rescues.insert(start, rescue);
         (slot, block)
@@ -546,14 +604,22 @@ impl<B: Backend> State<B> {
             self.dead_rescues.push(r);
             return Err(e);
         }
-        let mut left = Leftover::reservation(r.va);
+        // Unmapped whole: a rescue space is free again once its handles are handed on.
+        let mut left = match r.space {
+            Some(_) => Leftover::default(),
+            None => Leftover::reservation(r.va),
+        };
         for c in r.owned {
             self.stats
                 .reserved_bytes
                 .decrease(PoolKind::Large, c.len as u64);
             left = left.with_handle(c.handle, c.len);
         }
-        self.give_back_or_defer(left);
+        if self.give_back_or_defer(left) {
+            if let Some(key) = r.space {
+                self.free_rescue_space(key);
+            }
+        }
         self.stats.segment.decrease(PoolKind::Large, 1);
         self.pieces.release_tiling(r.tail);
         // A lent end merges with its free neighbours, which may hold the last free (Note [Last
@@ -573,7 +639,10 @@ impl<B: Backend> State<B> {
             for c in r.owned {
                 let _ = self.backend.release(c.handle);
             }
-            let _ = self.backend.free_reservation(r.va);
+            // A rescue space goes with its segment's reservation.
+            if r.space.is_none() {
+                let _ = self.backend.free_reservation(r.va);
+            }
         }
     }
 }

@@ -99,6 +99,12 @@ pub(crate) struct Segment {
     /// segments are ordered for a decision, they are ordered by this, never by address (Note
     /// [Segment order] in `growth.rs`).
     pub(crate) seq: u64,
+    /// Addresses reserved with the segment right after `va`, outside its tiling, for an alias
+    /// rescue (Note [Rescue space] in `rescue.rs`); 0 for none.
+    pub(crate) rescue_space: usize,
+    /// Whether a rescue holds the rescue space (or mappings the driver would not take out of
+    /// it): the segment's reservation is not freed then.
+    pub(crate) rescue_space_busy: bool,
 }
 
 impl Segment {
@@ -124,6 +130,16 @@ impl Segment {
             stuck: BTreeMap::new(),
             parked: BTreeMap::new(),
             parked_bytes: 0,
+            rescue_space: 0,
+            rescue_space_busy: false,
+        }
+    }
+
+    /// The whole reservation: the segment's addresses and its rescue space after them.
+    pub(crate) fn reservation(&self) -> VaRange {
+        VaRange {
+            start: self.va.start,
+            len: self.va.len + self.rescue_space,
         }
     }
 

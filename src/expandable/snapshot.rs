@@ -173,7 +173,7 @@ impl<B: Backend> State<B> {
                 let _ = self.backend.unmap(DevAddr::new(at), c.len);
                 let _ = self.backend.release(c.handle);
             }
-            let _ = self.backend.free_reservation(seg.va);
+            let _ = self.backend.free_reservation(seg.reservation());
         }
         while let Some((h, _)) = self.cache.take_largest() {
             let _ = self.backend.release(h);

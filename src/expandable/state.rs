@@ -102,6 +102,9 @@ pub(crate) struct State<B: Backend> {
     pub(crate) harvest_unmaps: Vec<(SegmentKey, u64)>,
     /// The `seq` the next segment reserved gets (Note [Segment order] in `growth.rs`).
     pub(crate) next_segment_seq: u64,
+    /// Whether the driver refused a segment's reservation with its rescue space (Note [Rescue
+    /// space] in `rescue.rs`): later segments are reserved without one, at no failed call more.
+    pub(crate) rescue_space_refused: bool,
     /// What the driver would not take back yet (Note [Deferred releases]): events whose
     /// release failed (tried again by the next `process_events`), new segments of rolled-back
     /// growths (tried again by `empty_cache`); all given back at teardown.
@@ -170,6 +173,7 @@ impl<B: Backend> State<B> {
             parked_handles: FxHashMap::default(),
             harvest_unmaps: Vec::new(),
             next_segment_seq: 0,
+            rescue_space_refused: false,
             rescues: FxHashMap::default(),
             dead_rescues: Vec::new(),
             rescue_paused: false,
@@ -210,6 +214,7 @@ impl<B: Backend> State<B> {
         let (n, bytes) = self.deferred.aliases();
         (stats.alias_mappings, stats.alias_bytes) = (n as u64, bytes as u64);
         for r in self.rescues.values().chain(&self.dead_rescues) {
+            stats.rescues_in_space += u64::from(r.space.is_some());
             let (bytes, n) = (
                 r.aliased.iter().sum::<usize>() as u64,
                 r.aliased.len() as u64,

@@ -173,17 +173,19 @@ impl Deferred {
     }
 
     /// Gives back `left` now if the backend takes it (handles disposed of by `dispose`), else
-    /// keeps what is left for later.
+    /// keeps what is left for later. Returns whether all of it was given back.
     pub(crate) fn give_back_or_keep<B: Backend>(
         &mut self,
         backend: &B,
         stats: &mut MemoryStats,
         mut left: Leftover,
         dispose: &mut Dispose<'_, B>,
-    ) {
+    ) -> bool {
         if left.give_back(backend, stats, dispose).is_err() {
             self.leftovers.push(left);
+            return false;
         }
+        true
     }
 
     /// Keeps `left` for later.

@@ -15,7 +15,7 @@
 //! page 2's free head (8 MiB), mapped side by side in a new reservation, hold it exactly.
 
 use crate::expandable_pressure::on_device;
-use vmm_alloc::backend::{Backend, CallKind, HostBackend, HostConfig};
+use vmm_alloc::backend::{Backend, CallKind, HostBackend, HostConfig, SimBackend, SimConfig};
 use vmm_alloc::config::ExpandableConfig;
 use vmm_alloc::snapshot::BlockState;
 use vmm_alloc::{AllocError, Allocation, Allocator, DevAddr, ExpandableAllocator, StreamId};
@@ -188,6 +188,85 @@ fn two_free_ends_of_partly_used_pages_serve_a_request_nothing_else_can() {
     a.check_invariants().unwrap();
     assert_eq!(a.with_backend(|b| b.live()).physical_bytes, 0);
     assert_eq!(a.stats().reserved_bytes.all.current, 0);
+}
+
+/// Note [Rescue space]: the rescue maps in the addresses its segment reserved after its own, so
+/// it makes no reservation; its teardown frees none, and the segment's one reservation goes
+/// with the segment.
+#[test]
+fn a_rescue_maps_in_its_segments_rescue_space_without_a_reservation_of_its_own() {
+    let a = on_device(100 * MB, ExpandableConfig::default());
+    let live = mosaic(&a);
+    let reserves = a.stats().calls.calls(CallKind::Reserve);
+    let va = a.with_backend(|b| b.live());
+    assert_eq!(va.reservations, 1);
+    let c = a.allocate(12 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().alias_rescues, 1);
+    assert_eq!(a.stats().calls.calls(CallKind::Reserve), reserves);
+    assert_eq!(a.with_backend(|b| b.live()).reservations, 1);
+    // Shown as a segment of its own, starting where the home segment's addresses end.
+    let snap = a.snapshot();
+    let holds_c =
+        |seg: &&vmm_alloc::snapshot::SegmentInfo| seg.blocks.iter().any(|b| b.address == c.ptr());
+    let rescue = snap.segments.iter().find(holds_c).unwrap();
+    let home = snap.segments.iter().find(|s| !holds_c(s)).unwrap();
+    assert_eq!(
+        rescue.address.get(),
+        home.address.get() + home.total_size as u64
+    );
+    free_all(&a, live.into_iter().chain([c]));
+    let s = a.stats();
+    assert_eq!(s.calls.calls(CallKind::Reserve), 1);
+    assert_eq!(s.calls.calls(CallKind::FreeReservation), 1);
+    let left = a.with_backend(|b| b.live());
+    assert_eq!((left.reservations, left.mappings, left.handles), (0, 0, 0));
+}
+
+/// Where the driver refuses a segment's addresses with the rescue space, the segment is
+/// reserved without it (and so is every later one, at no failed call more), and a rescue
+/// reserves its own range, as before Note [Rescue space].
+#[test]
+fn without_addresses_for_a_rescue_space_a_rescue_reserves_its_own() {
+    // 100 MiB of memory; segments of 4.5 x the device: 460 MiB of addresses, 520 with the
+    // space (an eighth, 58 MiB, but three 20 MiB pages at least); 510 MiB in all to reserve.
+    let sim = SimBackend::with_config(SimConfig {
+        capacity: 100 * MB,
+        va_limit: 510 * MB as u64,
+        ..SimConfig::default()
+    })
+    .unwrap();
+    let config = ExpandableConfig {
+        va_factor: 4.5,
+        ..ExpandableConfig::default()
+    };
+    let a = ExpandableAllocator::new(sim, config).unwrap();
+    let live = mosaic(&a);
+    let s = a.stats();
+    assert_eq!(
+        s.calls.failures(CallKind::Reserve),
+        1,
+        "the space refused once"
+    );
+    assert_eq!(a.with_backend(|b| b.live()).reserved_va_bytes, 460 * MB);
+    let c = a.allocate(12 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().alias_rescues, 1);
+    assert_eq!(
+        a.with_backend(|b| b.live()).reservations,
+        2,
+        "the rescue's own"
+    );
+    free_all(&a, live.into_iter().chain([c]));
+    assert_eq!(a.with_backend(|b| b.live()).reservations, 0);
+    // The next segment asks for no space: no failed reservation more.
+    let b = a.allocate(20 * MB, S0).unwrap();
+    a.check_invariants().unwrap();
+    assert_eq!(a.stats().calls.failures(CallKind::Reserve), 1);
+    assert_eq!(a.with_backend(|b| b.live()).reserved_va_bytes, 460 * MB);
+    free_all(&a, [b]);
+    let left = a.with_backend(|b| b.live());
+    assert_eq!((left.reservations, left.mappings, left.handles), (0, 0, 0));
 }
 
 /// Note [Parked rescue]: a freed rescue whose ends its own stream lent gives them back home

@@ -519,6 +519,9 @@ fn check_backend(
             (stats.parked_pages + stats.alias_mappings) as usize,
             (stats.parked_bytes + stats.alias_bytes) as usize,
         );
+        // A rescue in a segment's rescue space is a segment with no reservation of its own
+        // (Note [Rescue space]).
+        let segments = segments - stats.rescues_in_space as usize;
         (live.reservations == segments || !exact && live.reservations > segments)
             && live.handles + parked.0 == live.mappings + stats.handles_cached as usize
             && live.mapped_bytes >= reserved + parked.1
