@@ -70,11 +70,7 @@ impl<B: Backend> State<B> {
                 self.record_unmapped(seg, &chunks, out);
             }
             let s = &self.segments[&seg];
-            if s.chunks.is_empty()
-                && s.stuck.is_empty()
-                && s.parked.is_empty()
-                && !s.rescue_space_busy
-            {
+            if s.holds_nothing() && s.stuck.is_empty() && s.parked.is_empty() {
                 self.free_segment(seg)?;
             } else {
                 // Every free chunk and stuck chunk is gone: nothing left to give back.
@@ -143,7 +139,7 @@ impl<B: Backend> State<B> {
             let s = &self.segments[&key];
             let has = !s.stuck.is_empty()
                 || !s.parked.is_empty()
-                || (s.chunks.is_empty() && !s.rescue_space_busy)
+                || s.holds_nothing()
                 || with_chunk.binary_search(&key).is_ok();
             self.releasable.set(key, has);
         }
@@ -156,7 +152,7 @@ impl<B: Backend> State<B> {
     pub(crate) fn has_releasable(&self, seg: &Segment) -> bool {
         !seg.stuck.is_empty()
             || !seg.parked.is_empty()
-            || (seg.chunks.is_empty() && !seg.rescue_space_busy)
+            || seg.holds_nothing()
             || self.has_free_chunk(seg)
     }
 

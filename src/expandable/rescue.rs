@@ -299,10 +299,7 @@ impl<B: Backend> State<B> {
             .ok()?,
         };
         let x = va.start.get();
-        let mut left = match space {
-            Some(_) => Leftover::default(),
-            None => Leftover::reservation(va),
-        };
+        let mut left = rescue_leftover(va, space);
         let mut owned = Vec::new();
         let mapped = self.map_rescue_parts(plan, x, &mut left, &mut owned);
         if mapped.is_some() {
@@ -311,13 +308,7 @@ impl<B: Backend> State<B> {
                 return Some((va, space, owned));
             }
         }
-        // A space the driver would not empty stays taken: nothing may be mapped over what it
-        // still holds there, and its segment's reservation is not freed around it.
-        if self.give_back_or_defer(left) {
-            if let Some(key) = space {
-                self.free_rescue_space(key);
-            }
-        }
+        self.give_back_rescue_range(left, space);
         None
     }
 
@@ -334,10 +325,16 @@ impl<B: Backend> State<B> {
         Some(key)
     }
 
-    /// Frees the rescue space of segment `key` (its rescue's mappings all gone), and has the
-    /// release index look at the segment again: with no chunk, it may go now.
-    fn free_rescue_space(&mut self, key: SegmentKey) {
-        if let Some(s) = self.segments.get_mut(&key) {
+    /// Gives back `left`, what is left of a rescue's range (`rescue_leftover`), and frees the
+    /// rescue space it lay in, if any, once all of it is given back; the release index then
+    /// looks at the segment again (with no chunk, it may go now). A space the driver would not
+    /// empty stays taken: nothing may be mapped over what it still holds there, and its
+    /// segment's reservation is not freed around it.
+    fn give_back_rescue_range(&mut self, left: Leftover, space: Option<SegmentKey>) {
+        if !self.give_back_or_defer(left) {
+            return;
+        }
+        if let Some(s) = space.and_then(|key| self.segments.get_mut(&key)) {
             s.rescue_space_busy = false;
             self.releasable.touch(s.slot);
         }
@@ -605,21 +602,14 @@ impl<B: Backend> State<B> {
             return Err(e);
         }
         // Unmapped whole: a rescue space is free again once its handles are handed on.
-        let mut left = match r.space {
-            Some(_) => Leftover::default(),
-            None => Leftover::reservation(r.va),
-        };
+        let mut left = rescue_leftover(r.va, r.space);
         for c in r.owned {
             self.stats
                 .reserved_bytes
                 .decrease(PoolKind::Large, c.len as u64);
             left = left.with_handle(c.handle, c.len);
         }
-        if self.give_back_or_defer(left) {
-            if let Some(key) = r.space {
-                self.free_rescue_space(key);
-            }
-        }
+        self.give_back_rescue_range(left, r.space);
         self.stats.segment.decrease(PoolKind::Large, 1);
         self.pieces.release_tiling(r.tail);
         // A lent end merges with its free neighbours, which may hold the last free (Note [Last
@@ -644,5 +634,14 @@ impl<B: Backend> State<B> {
                 let _ = self.backend.free_reservation(r.va);
             }
         }
+    }
+}
+
+/// What giving back a rescue's range `va` starts from: its reservation, to be freed, unless it
+/// lies in a segment's rescue space (Note [Rescue space]), which goes with the segment.
+fn rescue_leftover(va: VaRange, space: Option<SegmentKey>) -> Leftover {
+    match space {
+        Some(_) => Leftover::default(),
+        None => Leftover::reservation(va),
     }
 }

@@ -135,6 +135,12 @@ impl Segment {
         }
     }
 
+    /// Whether the segment maps no chunk and holds no rescue in its rescue space: unless a
+    /// stuck or parked mapping remains, it may go (its reservation freed).
+    pub(crate) fn holds_nothing(&self) -> bool {
+        self.chunks.is_empty() && !self.rescue_space_busy
+    }
+
     /// The whole reservation: the segment's addresses and its rescue space after them.
     pub(crate) fn reservation(&self) -> VaRange {
         VaRange {
