@@ -30,7 +30,7 @@ build against another is two runs, e.g. from a worktree of the earlier commit:
 `policy_scorecard.py --save /tmp/before.json` there, then `--against /tmp/before.json` here.
 
 Groups: shared, servers (inference-server, inference-server-4), streams (multi-stream,
-two-streams, ten-streams), programs (qlora, unet3d-training, empty-cache-training), and, only
+two-streams, ten-streams), programs (qlora, unet3d-training, empty-cache-training, moe-training), and, only
 when asked for with --groups, many (thirty-two-streams, inference-server-32: 32 streams, where
 the loss to classic that grows with the number of streams shows; POLICY.md, "Many streams").
 """
@@ -47,7 +47,7 @@ MIB = 1 << 20
 GROUPS = {
     "servers": ["inference-server", "inference-server-4"],
     "streams": ["multi-stream", "two-streams", "ten-streams"],
-    "programs": ["qlora", "unet3d-training", "empty-cache-training"],
+    "programs": ["qlora", "unet3d-training", "empty-cache-training", "moe-training"],
     "many": ["thirty-two-streams", "inference-server-32"],
 }
 # The groups run without --groups: the README's scorecard is these.

@@ -21,17 +21,20 @@
 //!
 //! Other seeds stay in the ranges each generator documents. Beyond the default set,
 //! [`MECHANISMS`] each show one mechanism of the allocators, [`PROGRAMS`] are programs of
-//! kinds no shared trace records (`empty_cache()` every step, QLoRA, 3-D U-Net training) and
+//! kinds no shared trace records (`empty_cache()` every step, QLoRA, 3-D U-Net training,
+//! mixture-of-experts training) and
 //! [`SERVERS`] inference servers with one stream per request in flight.
 
 use crate::{Event, Trace};
 
 mod inference;
+mod moe;
 mod programs;
 mod synthetic;
 mod training;
 
 pub use inference::{inference_kv_cache, inference_server};
+pub use moe::moe_training;
 pub use programs::{qlora, unet3d_training};
 pub use synthetic::{multi_stream, rmm_random, small_after_large};
 pub use training::{empty_cache_training, transformer_training, varying_batch};
@@ -146,8 +149,14 @@ pub const MECHANISMS: [&str; 5] = [
 
 /// Workloads shaped like whole programs of kinds no shared trace has: a training loop calling
 /// `empty_cache()` after every step ([`empty_cache_training`]), QLoRA fine-tuning ([`qlora`])
-/// and 3-D U-Net training ([`unet3d_training`]).
-pub const PROGRAMS: [&str; 3] = ["empty-cache-training", "qlora", "unet3d-training"];
+/// 3-D U-Net training ([`unet3d_training`]) and mixture-of-experts training
+/// ([`moe_training`]).
+pub const PROGRAMS: [&str; 4] = [
+    "empty-cache-training",
+    "qlora",
+    "unet3d-training",
+    "moe-training",
+];
 
 /// Inference servers ([`inference_server`]): requests on 10 (`inference-server`), 4
 /// (`inference-server-4`) or 32 (`inference-server-32`) streams at once, each growing its own KV
@@ -176,6 +185,7 @@ pub fn by_name(name: &str, seed: u64, ops: u64, max_size: u64) -> Option<Trace> 
         "empty-cache-training" => Some(empty_cache_training(seed)),
         "qlora" => Some(qlora(seed)),
         "unet3d-training" => Some(unet3d_training(seed)),
+        "moe-training" => Some(moe_training(seed)),
         "inference-server" => Some(inference_server(seed, 10)),
         "inference-server-4" => Some(inference_server(seed, 4)),
         "inference-server-32" => Some(inference_server(seed, 32)),

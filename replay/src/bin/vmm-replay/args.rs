@@ -24,9 +24,10 @@ pub struct Args {
     /// two-streams, ten-streams and thirty-two-streams (4, 2, 10 or 32 streams sharing the
     /// device); or a program of another kind: empty-cache-training (empty_cache() after every
     /// step), qlora (4-bit weights dequantized around every matmul), unet3d-training (3-D
-    /// volumes), inference-server, inference-server-4 or inference-server-32 (requests on 10, 4
-    /// or 32 streams at once, each growing its own KV cache). With no FILES and no --workload,
-    /// the first four run.
+    /// volumes), moe-training (mixture-of-experts: every expert's tensors a new size in every
+    /// layer), inference-server, inference-server-4 or inference-server-32 (requests on 10, 4 or
+    /// 32 streams at once, each growing its own KV cache). With no FILES and no --workload, the
+    /// first four run.
     #[arg(long, value_name = "NAME")]
     pub workload: Vec<String>,
     /// Seed of the built-in workloads (the same seed gives the same trace).
