@@ -54,7 +54,7 @@ pub fn moe_training(seed: u64) -> Trace {
         let x_bytes = tokens * d * 2;
         let ids = b.alloc(tokens * 8);
         let mut x = b.alloc(x_bytes);
-        let mut saved: Vec<(Vec<u64>, Vec<(u64, u64)>)> = Vec::new();
+        let mut saved: Vec<SavedLayer> = Vec::new();
         for _ in 0..LAYERS {
             let mut keep = vec![x];
             keep.push(b.alloc(x_bytes)); // normed
@@ -74,7 +74,7 @@ pub fn moe_training(seed: u64) -> Trace {
             keep.push(b.alloc(tokens * TOP_K * 8));
             let out = b.alloc(x_bytes);
             let mut experts = Vec::new();
-            for n in route(&mut rng, tokens * TOP_K) {
+            for (e, n) in route(&mut rng, tokens * TOP_K).into_iter().enumerate() {
                 if n == 0 {
                     continue;
                 }
@@ -87,9 +87,9 @@ pub fn moe_training(seed: u64) -> Trace {
                 b.temp(n * d * 2); // scaled by the routing weights, added into `out`
                 b.free(y);
                 keep.extend([picked, xin, h1, h3, act]);
-                experts.push((n, picked));
+                experts.push((e, n));
             }
-            saved.push((keep, experts));
+            saved.push(SavedLayer { keep, experts });
             b.free(h);
             x = out;
         }
@@ -104,10 +104,10 @@ pub fn moe_training(seed: u64) -> Trace {
             }
         };
         grad(&mut b, params.len() - 2);
-        for (layer, (keep, experts)) in saved.into_iter().enumerate().rev() {
+        for (layer, SavedLayer { keep, experts }) in saved.into_iter().enumerate().rev() {
             let base = layer * per_layer;
             let g_moe = b.alloc(x_bytes);
-            for (e, &(n, _)) in experts.iter().enumerate() {
+            for (e, n) in experts {
                 let g_y = b.alloc(n * d * 2);
                 let g_act = b.alloc(n * f * 2);
                 grad(&mut b, base + 4 + 3 * e + 2);
@@ -137,6 +137,13 @@ pub fn moe_training(seed: u64) -> Trace {
         b.free_all(grads.into_iter().flatten());
     }
     b.finish(format!("moe-training-s{seed}"))
+}
+
+/// What one layer's forward pass keeps for its backward pass.
+struct SavedLayer {
+    keep: Vec<u64>,
+    /// The experts that received tokens, with how many.
+    experts: Vec<(usize, u64)>,
 }
 
 /// How many of `slots` token slots each expert receives: a share drawn per expert from a skew
