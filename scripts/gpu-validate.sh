@@ -10,7 +10,8 @@
 #   scripts/gpu-validate.sh [--out O]            both, on a machine with cargo and a GPU
 #
 # What runs: the Cuda conformance suite (`conformance --include-ignored cuda`), the DeviceBuffer
-# GPU tests (`cuda_buffer --include-ignored`), the cudarc example against
+# GPU tests (`cuda_buffer --include-ignored`), the pressure soak with kernels in flight
+# (`cuda_pressure --include-ignored`), the cudarc example against
 # examples/cudarc_buffer.expected, python/tests/gpu/run.sh when the Python package provides it (else
 # "not present"), and last the GPU benches (benches/gpu.rs, criterion --quick: growth per GiB vs the
 # raw driver loop, hot path vs cuMemAllocAsync, churn, replay of the largest shared trace, and last
@@ -59,7 +60,7 @@ build() {
     [[ -n "${VMM_CUDA_VERSION:-}" ]] && features=(--features "cudarc/cuda-$VMM_CUDA_VERSION")
     echo "gpu-validate: building (cargo, release)..."
     if ! cargo test --release --no-run --message-format=json-render-diagnostics "${features[@]}" \
-        --test conformance --test cuda_buffer >"$json" ||
+        --test conformance --test cuda_buffer --test cuda_pressure >"$json" ||
         ! cargo bench --no-run --message-format=json-render-diagnostics "${features[@]}" \
             --bench gpu >>"$json" ||
         ! cargo build --release --message-format=json-render-diagnostics "${features[@]}" \
@@ -71,7 +72,7 @@ build() {
     fi
     # Each binary's path, from cargo's own record of what it built.
     local name exe
-    for name in conformance cuda_buffer gpu cudarc_buffer; do
+    for name in conformance cuda_buffer cuda_pressure gpu cudarc_buffer; do
         exe="$(artifact "$json" "$name")"
         if [[ -z "$exe" || ! -x "$exe" ]]; then
             echo "gpu-validate: cargo built no binary named $name" >&2
@@ -139,7 +140,7 @@ test_step() { # name, log name, command...
 
 run_bundle() {
     local dir="$1"
-    for f in bin/conformance bin/cuda_buffer bin/gpu bin/cudarc_buffer cudarc_buffer.expected MANIFEST; do
+    for f in bin/conformance bin/cuda_buffer bin/cuda_pressure bin/gpu bin/cudarc_buffer cudarc_buffer.expected MANIFEST; do
         [[ -e "$dir/$f" ]] || { echo "gpu-validate: $dir is not a bundle (no $f); make one with --build" >&2; exit 2; }
     done
     mkdir -p "$OUT/logs" || exit 2
@@ -155,6 +156,7 @@ run_bundle() {
 
     test_step "Cuda conformance suite" conformance "$dir/bin/conformance" --include-ignored cuda
     test_step "DeviceBuffer GPU tests" cuda_buffer "$dir/bin/cuda_buffer" --include-ignored --test-threads=1
+    test_step "Pressure soak on the GPU" cuda_pressure "$dir/bin/cuda_pressure" --include-ignored --nocapture
 
     local log="$OUT/logs/cudarc_example.log"
     timeout "$STEP_TIMEOUT" "$dir/bin/cudarc_buffer" >"$log" 2>"$OUT/logs/cudarc_example.stderr"

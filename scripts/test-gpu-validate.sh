@@ -30,7 +30,7 @@ check "--run of a directory that is no bundle: exit 2" exits 2 "$V" --run "$TMP/
 
 B="$TMP/bundle"
 check "--build makes a bundle" exits 0 "$V" --build "$B"
-for f in bin/conformance bin/cuda_buffer bin/gpu bin/cudarc_buffer cudarc_buffer.expected MANIFEST gpu-validate.sh; do
+for f in bin/conformance bin/cuda_buffer bin/cuda_pressure bin/gpu bin/cudarc_buffer cudarc_buffer.expected MANIFEST gpu-validate.sh; do
     check "bundle has $f" test -e "$B/$f"
 done
 size_kib="$(du -sk "$B" | cut -f1)"
@@ -60,7 +60,7 @@ check "--run where every GPU step fails: exit 1" exits 1 env PATH="$FAKE:$PATH" 
 R="$TMP/out2/GPU.md"
 check "... GPU.md names device, driver and CUDA version" \
     bash -c "grep -q 'device: Stand-in GPU' '$R' && grep -q 'driver: 580.00.00' '$R' && grep -q 'CUDA version (driver): 13.0' '$R'"
-for step in "Cuda conformance suite" "DeviceBuffer GPU tests" "cudarc example" "GPU benches"; do
+for step in "Cuda conformance suite" "DeviceBuffer GPU tests" "Pressure soak on the GPU" "cudarc example" "GPU benches"; do
     check "... reports '$step' as FAIL" grep -q "^| $step | FAIL |" "$R"
 done
 check "... reports the PyTorch checks as not present (no python/tests/gpu/run.sh)" \

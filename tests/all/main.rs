@@ -21,6 +21,7 @@ mod kept_pages;
 mod last_free;
 mod model;
 mod parked_pages;
+mod pressure_soak_host;
 mod put_back;
 mod pytorch_parity;
 mod pytorch_rounding;
