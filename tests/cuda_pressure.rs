@@ -31,6 +31,9 @@ struct Gpu {
 impl Device for Gpu {
     fn fill(&self, at: DevAddr, floats: usize, byte: u8, stream: StreamId) {
         let s = &self.streams[&stream];
+        // A raw driver call: the context must be current on this thread (cudarc's own calls see
+        // to it themselves).
+        s.context().bind_to_thread().unwrap();
         // SAFETY: `at` starts a live allocation of at least `floats * 4` bytes, mapped read-write
         // in this context, and `s` is a stream of the same context.
         unsafe { memset_d8_async(at.get(), byte, floats * 4, s.cu_stream()) }.unwrap();
