@@ -93,7 +93,7 @@ pub fn moe_training(seed: u64) -> Trace {
             b.free(h);
             x = out;
         }
-        // The output projection and loss, in chunks as fused cross-entropy does.
+        // The output projection (bf16 logits over the vocabulary) and the gradient it sends back.
         let logits = b.alloc(tokens * VOCAB * 2);
         let mut g = b.alloc(x_bytes);
         b.free_all([logits, x]);
