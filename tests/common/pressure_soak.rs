@@ -35,6 +35,23 @@ pub struct SoakReport {
     pub stats: MemoryStats,
 }
 
+impl SoakReport {
+    /// Fails unless the run was what it is meant to be: the budget filled (requests refused),
+    /// most requests served anyway, pages remapped, partly used pages mapped twice (alias
+    /// rescues), and hundreds of blocks checked.
+    pub fn assert_pressured(&self) {
+        let s = &self.stats;
+        assert!(self.out_of_memory > 0, "the budget filled: {self:?}");
+        assert!(self.served > 5 * self.out_of_memory, "{self:?}");
+        assert!(s.remapped_bytes > 0, "pages were remapped: {s:?}");
+        assert!(
+            s.alias_rescues > 0,
+            "partly used pages were mapped twice: {s:?}"
+        );
+        assert!(self.checked > 400, "{self:?}");
+    }
+}
+
 /// SplitMix64, as the replay workloads use.
 struct Rng(u64);
 

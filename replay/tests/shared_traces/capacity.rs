@@ -10,6 +10,7 @@ use libtest_mimic::{Completion, Failed};
 use vmm_replay::advise::SMALLEST_SETTING;
 use vmm_replay::replay::{min_capacity, replay, Policy, ReplayOptions};
 use vmm_replay::snapshot::read_snapshot;
+use vmm_replay::Trace;
 
 use crate::{Shared, SharedTest};
 
@@ -57,7 +58,6 @@ const CLASSIC_STILL_WINS: &[(&str, usize, usize)] = &[
 const TWO_MIB_PAGES_STILL_LOSE: &[(&str, usize, usize)] = &[("cs336-forward-bf16-b", 41890, 41874)];
 
 fn ours_never_needs_more_than_either_pytorch_policy(shared: &Shared) -> Result<Completion, Failed> {
-    let files = shared.pickles("traces/pytorch")?;
     let opts = ReplayOptions::default();
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     let two_mib = ReplayOptions {
@@ -69,69 +69,58 @@ fn ours_never_needs_more_than_either_pytorch_policy(shared: &Shared) -> Result<C
         "trace (MiB)", "peak live", "classic", "pytorch-exp", "ours", "ours 2 MiB"
     );
     let (mut checked, mut losses) = (0, Vec::new());
-    for f in files {
-        let bytes = std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?;
-        let stem = f.file_stem().unwrap_or_default().to_string_lossy();
-        let traces = read_snapshot(&bytes, &stem).map_err(|e| format!("{stem}: {e}"))?;
-        for trace in traces.iter().filter(|t| !t.events.is_empty()) {
-            let mut min = [0usize; 3];
-            for (i, policy) in Policy::ALL.into_iter().enumerate() {
-                let at_80 = replay(trace, policy, &opts).map_err(|e| format!("{stem}: {e}"))?;
-                let upper = (at_80.peak_reserved_bytes as usize).max(opts.capacity);
-                let found = min_capacity(trace, policy, &opts, upper, STEP)
-                    .map_err(|e| format!("{stem}: {e}"))?;
-                min[i] = found
-                    .ok_or_else(|| format!("{}: {} does not fit", trace.name, policy.name()))?
-                    .0;
-            }
-            let [classic, pytorch, ours] = min;
-            let fine = min_capacity(trace, Policy::Expandable, &two_mib, 1 << 40, STEP)
-                .map_err(|e| format!("{stem}: {e}"))?
-                .ok_or_else(|| format!("{}: {SMALLEST_SETTING} does not fit", trace.name))?
-                .0;
-            eprintln!(
-                "{:<34} {:>12.0} {:>12.0} {:>12.0} {:>12.0} {:>12.0}",
-                trace.name,
-                mib(trace.peak_live_bytes() as usize),
-                mib(classic),
-                mib(pytorch),
-                mib(ours),
-                mib(fine)
-            );
-            let fine_allowed = allowed_excess(
-                TWO_MIB_PAGES_STILL_LOSE,
-                "TWO_MIB_PAGES_STILL_LOSE",
-                &trace.name,
-                fine > pytorch,
-                &mut losses,
-            );
-            if fine > classic || mib(fine) - mib(pytorch) > fine_allowed {
-                losses.push(format!(
-                    "{}: ours with {SMALLEST_SETTING} {:.0} MiB, classic {:.0}, pytorch-expandable {:.0}",
-                    trace.name,
-                    mib(fine),
-                    mib(classic),
-                    mib(pytorch)
-                ));
-            }
-            let allowed_mib = allowed_excess(
-                CLASSIC_STILL_WINS,
-                "CLASSIC_STILL_WINS",
-                &trace.name,
-                ours > classic,
-                &mut losses,
-            );
-            if ours > pytorch || mib(ours) - mib(classic) > allowed_mib {
-                losses.push(format!(
-                    "{}: ours {:.0} MiB, classic {:.0}, pytorch-expandable {:.0}",
-                    trace.name,
-                    mib(ours),
-                    mib(classic),
-                    mib(pytorch)
-                ));
-            }
-            checked += 1;
+    for trace in &shared_device_traces(shared)? {
+        let mut min = [0usize; 3];
+        for (i, policy) in Policy::ALL.into_iter().enumerate() {
+            min[i] = min_of(trace, policy, &opts)?;
         }
+        let [classic, pytorch, ours] = min;
+        let fine = min_capacity(trace, Policy::Expandable, &two_mib, 1 << 40, STEP)
+            .map_err(|e| format!("{}: {e}", trace.name))?
+            .ok_or_else(|| format!("{}: {SMALLEST_SETTING} does not fit", trace.name))?
+            .0;
+        eprintln!(
+            "{:<34} {:>12.0} {:>12.0} {:>12.0} {:>12.0} {:>12.0}",
+            trace.name,
+            mib(trace.peak_live_bytes() as usize),
+            mib(classic),
+            mib(pytorch),
+            mib(ours),
+            mib(fine)
+        );
+        let fine_allowed = allowed_excess(
+            TWO_MIB_PAGES_STILL_LOSE,
+            "TWO_MIB_PAGES_STILL_LOSE",
+            &trace.name,
+            fine > pytorch,
+            &mut losses,
+        );
+        if fine > classic || mib(fine) - mib(pytorch) > fine_allowed {
+            losses.push(format!(
+                "{}: ours with {SMALLEST_SETTING} {:.0} MiB, classic {:.0}, pytorch-expandable {:.0}",
+                trace.name,
+                mib(fine),
+                mib(classic),
+                mib(pytorch)
+            ));
+        }
+        let allowed_mib = allowed_excess(
+            CLASSIC_STILL_WINS,
+            "CLASSIC_STILL_WINS",
+            &trace.name,
+            ours > classic,
+            &mut losses,
+        );
+        if ours > pytorch || mib(ours) - mib(classic) > allowed_mib {
+            losses.push(format!(
+                "{}: ours {:.0} MiB, classic {:.0}, pytorch-expandable {:.0}",
+                trace.name,
+                mib(ours),
+                mib(classic),
+                mib(pytorch)
+            ));
+        }
+        checked += 1;
     }
     if checked != 23 {
         return Err(format!("{checked} shared traces with events checked, expected 23").into());
@@ -163,55 +152,34 @@ const RECORDED_SETTINGS: [&str; 3] = [
 fn under_recorded_settings_ours_never_needs_more_than_pytorch_expandable(
     shared: &Shared,
 ) -> Result<Completion, Failed> {
-    let files = shared.pickles("traces/pytorch")?;
-    let (mut checked, mut losses) = (0, Vec::new());
-    for f in files {
-        let bytes = std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?;
-        let stem = f.file_stem().unwrap_or_default().to_string_lossy();
-        let traces = read_snapshot(&bytes, &stem).map_err(|e| format!("{stem}: {e}"))?;
-        for trace in traces.iter().filter(|t| !t.events.is_empty()) {
-            for settings in RECORDED_SETTINGS {
-                let opts = ReplayOptions {
-                    settings: Some(settings.to_string()),
-                    ..ReplayOptions::default()
-                };
-                let mut min = [0usize; 2];
-                for (i, policy) in [Policy::PytorchExpandable, Policy::Expandable]
-                    .into_iter()
-                    .enumerate()
-                {
-                    let at_80 = replay(trace, policy, &opts).map_err(|e| format!("{stem}: {e}"))?;
-                    let upper = (at_80.peak_reserved_bytes as usize).max(opts.capacity);
-                    min[i] = min_capacity(trace, policy, &opts, upper, STEP)
-                        .map_err(|e| format!("{stem}: {e}"))?
-                        .ok_or_else(|| format!("{} ({settings}): does not fit", trace.name))?
-                        .0;
-                }
-                let [pytorch, ours] = min;
-                eprintln!(
-                    "{:<34} {settings:<70} pytorch-expandable {:>6} MiB, ours {:>6}",
+    let traces = shared_device_traces(shared)?;
+    let mut losses = Vec::new();
+    for trace in &traces {
+        for settings in RECORDED_SETTINGS {
+            let opts = ReplayOptions {
+                settings: Some(settings.to_string()),
+                ..ReplayOptions::default()
+            };
+            let pytorch = min_of(trace, Policy::PytorchExpandable, &opts)?;
+            let ours = min_of(trace, Policy::Expandable, &opts)?;
+            eprintln!(
+                "{:<34} {settings:<70} pytorch-expandable {:>6} MiB, ours {:>6}",
+                trace.name,
+                pytorch >> 20,
+                ours >> 20
+            );
+            if ours > pytorch {
+                losses.push(format!(
+                    "{} with {settings}: ours {} MiB, pytorch-expandable {}",
                     trace.name,
-                    pytorch >> 20,
-                    ours >> 20
-                );
-                if ours > pytorch {
-                    losses.push(format!(
-                        "{} with {settings}: ours {} MiB, pytorch-expandable {}",
-                        trace.name,
-                        ours >> 20,
-                        pytorch >> 20
-                    ));
-                }
-                checked += 1;
+                    ours >> 20,
+                    pytorch >> 20
+                ));
             }
         }
     }
-    if checked != 23 * RECORDED_SETTINGS.len() {
-        return Err(format!(
-            "{checked} runs checked, expected {}",
-            23 * RECORDED_SETTINGS.len()
-        )
-        .into());
+    if traces.len() != 23 {
+        return Err(format!("{} shared traces with events, expected 23", traces.len()).into());
     }
     if !losses.is_empty() {
         return Err(format!(
@@ -221,6 +189,30 @@ fn under_recorded_settings_ours_never_needs_more_than_pytorch_expandable(
         .into());
     }
     Ok(Completion::Completed)
+}
+
+/// Every shared trace with events (one per device a snapshot holds), read once.
+fn shared_device_traces(shared: &Shared) -> Result<Vec<Trace>, Failed> {
+    let mut out = Vec::new();
+    for f in shared.pickles("traces/pytorch")? {
+        let bytes = std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let stem = f.file_stem().unwrap_or_default().to_string_lossy();
+        let traces = read_snapshot(&bytes, &stem).map_err(|e| format!("{stem}: {e}"))?;
+        out.extend(traces.into_iter().filter(|t| !t.events.is_empty()));
+    }
+    Ok(out)
+}
+
+/// `policy`'s smallest capacity for `trace` under `opts`, as `vmm-replay --min-capacity` finds
+/// it (bisection from the larger of the device and the 80 GiB run's peak reserved).
+fn min_of(trace: &Trace, policy: Policy, opts: &ReplayOptions) -> Result<usize, Failed> {
+    let at_80 = replay(trace, policy, opts).map_err(|e| format!("{}: {e}", trace.name))?;
+    let upper = (at_80.peak_reserved_bytes as usize).max(opts.capacity);
+    let found = min_capacity(trace, policy, opts, upper, STEP)
+        .map_err(|e| format!("{}: {e}", trace.name))?;
+    Ok(found
+        .ok_or_else(|| format!("{}: {} does not fit", trace.name, policy.name()))?
+        .0)
 }
 
 /// The MiB by which `trace` may still lose, from an allow-list of (trace, ours then, the bar
