@@ -119,7 +119,14 @@ record() { STEP_NAMES+=("$1"); STEP_STATUS+=("$2"); STEP_DETAIL+=("$3"); STEP_LO
 
 # The libtest summary of a log ("N passed; M failed; ..."), or its last line.
 summary_of() {
-    grep -E '^test result:' "$1" | tail -n 1 | sed 's/^test result: //' || true
+    local sum soak rescues
+    sum="$(grep -E '^test result:' "$1" | tail -n 1 | sed 's/^test result: //')"
+    # The pressure soak prints its run (tests/common/pressure_soak.rs): what it did goes in too.
+    soak="$(grep -oE 'SoakReport \{ served: [0-9]+, out_of_memory: [0-9]+, checked: [0-9]+' "$1" | tail -n 1 |
+        sed -E 's/SoakReport \{ served: ([0-9]+), out_of_memory: ([0-9]+), checked: ([0-9]+)/\1 requests served, \2 refused, \3 blocks checked/')"
+    rescues="$(grep -oE 'alias_rescues: [0-9]+' "$1" | tail -n 1 | sed 's/alias_rescues: //')"
+    [[ -n "$soak" && -n "$rescues" ]] && soak="$soak, $rescues alias rescues"
+    echo "$sum${soak:+; $soak}"
 }
 
 test_step() { # name, log name, command...

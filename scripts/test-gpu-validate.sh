@@ -73,12 +73,16 @@ check "... has a Failures section with the failing tests" \
 P="$TMP/passing-bundle"
 cp -r "$B" "$P"
 printf '#!/bin/sh\necho "test buffer::reports_error_values ... ok"\necho "test result: ok. 1 passed; 0 failed"\n' >"$P/bin/cuda_buffer"
+# A passing soak prints its run; the report carries its figures.
+printf '#!/bin/sh\necho "SoakReport { served: 735, out_of_memory: 95, checked: 468, stats: MemoryStats { alias_rescues: 77 } }"\necho "test result: ok. 1 passed; 0 failed"\n' >"$P/bin/cuda_pressure"
 check "--run where one step passes and the others fail: exit 1" exits 1 env PATH="$FAKE:$PATH" "$P/gpu-validate.sh" --run "$P" --out "$TMP/out3"
 R="$TMP/out3/GPU.md"
 check "... reports the passing step as PASS" grep -q '^| DeviceBuffer GPU tests | PASS |' "$R"
+check "... and the soak's run in its row" \
+    grep -q '^| Pressure soak on the GPU | PASS | ok. 1 passed; 0 failed; 735 requests served, 95 refused, 468 blocks checked, 77 alias rescues |' "$R"
 check "... its Failures section names the failed steps and not the passing one" \
     bash -c "sed -n '/^## Failures/,\$p' '$R' | grep -q '^### Cuda conformance suite' &&
-        ! sed -n '/^## Failures/,\$p' '$R' | grep -qE 'DeviceBuffer|cuda_buffer'"
+        ! sed -n '/^## Failures/,\$p' '$R' | grep -qE 'DeviceBuffer|cuda_buffer|Pressure soak'"
 
 if ((fails)); then
     echo "test-gpu-validate: $fails check(s) FAILED"
