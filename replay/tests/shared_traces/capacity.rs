@@ -68,8 +68,9 @@ fn ours_never_needs_more_than_either_pytorch_policy(shared: &Shared) -> Result<C
         "{:<34} {:>12} {:>12} {:>12} {:>12} {:>12}",
         "trace (MiB)", "peak live", "classic", "pytorch-exp", "ours", "ours 2 MiB"
     );
-    let (mut checked, mut losses) = (0, Vec::new());
-    for trace in &shared_device_traces(shared)? {
+    let traces = shared_device_traces(shared)?;
+    let mut losses = Vec::new();
+    for trace in &traces {
         let mut min = [0usize; 3];
         for (i, policy) in Policy::ALL.into_iter().enumerate() {
             min[i] = min_of(trace, policy, &opts)?;
@@ -120,10 +121,13 @@ fn ours_never_needs_more_than_either_pytorch_policy(shared: &Shared) -> Result<C
                 mib(pytorch)
             ));
         }
-        checked += 1;
     }
-    if checked != 23 {
-        return Err(format!("{checked} shared traces with events checked, expected 23").into());
+    if traces.len() != 23 {
+        return Err(format!(
+            "{} shared traces with events checked, expected 23",
+            traces.len()
+        )
+        .into());
     }
     if !losses.is_empty() {
         return Err(format!(
@@ -317,45 +321,37 @@ fn device_trace(shared: &Shared, name: &str) -> Result<vmm_replay::Trace, Failed
 fn ours_decides_alike_wherever_reservations_are_placed(
     shared: &Shared,
 ) -> Result<Completion, Failed> {
-    let files = shared.pickles("traces/pytorch")?;
+    let policy = Policy::Expandable;
     let mut differ = Vec::new();
-    for f in files {
-        let bytes = std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?;
-        let stem = f.file_stem().unwrap_or_default().to_string_lossy();
-        let traces = read_snapshot(&bytes, &stem).map_err(|e| format!("{stem}: {e}"))?;
-        for trace in traces.iter().filter(|t| !t.events.is_empty()) {
-            let policy = Policy::Expandable;
-            {
-                let decided = |from_top: bool| -> Result<String, Failed> {
-                    let opts = ReplayOptions {
-                        reserve_from_top: from_top,
-                        timeline_points: 1,
-                        diagnose: false,
-                        ..ReplayOptions::default()
-                    };
-                    let at_80 = replay(trace, policy, &opts).map_err(|e| format!("{stem}: {e}"))?;
-                    let upper = (at_80.peak_reserved_bytes as usize).max(opts.capacity);
-                    let (cap, at) = min_capacity(trace, policy, &opts, upper, STEP)
-                        .map_err(|e| format!("{stem}: {e}"))?
-                        .ok_or_else(|| format!("{stem}: fits nowhere"))?;
-                    Ok(format!(
-                        "min {cap}, calls {:?}, created {}, peak {}; at 80 GiB calls {:?}, peak {}",
-                        at.calls,
-                        at.bytes_created,
-                        at.peak_reserved_bytes,
-                        at_80.calls,
-                        at_80.peak_reserved_bytes
-                    ))
-                };
-                let (up, down) = (decided(false)?, decided(true)?);
-                if up != down {
-                    differ.push(format!(
-                        "{} {}:\n  bottom up: {up}\n  top down:  {down}",
-                        trace.name,
-                        policy.name()
-                    ));
-                }
-            }
+    for trace in &shared_device_traces(shared)? {
+        let decided = |from_top: bool| -> Result<String, Failed> {
+            let opts = ReplayOptions {
+                reserve_from_top: from_top,
+                timeline_points: 1,
+                diagnose: false,
+                ..ReplayOptions::default()
+            };
+            let at_80 = replay(trace, policy, &opts).map_err(|e| format!("{}: {e}", trace.name))?;
+            let upper = (at_80.peak_reserved_bytes as usize).max(opts.capacity);
+            let (cap, at) = min_capacity(trace, policy, &opts, upper, STEP)
+                .map_err(|e| format!("{}: {e}", trace.name))?
+                .ok_or_else(|| format!("{}: fits nowhere", trace.name))?;
+            Ok(format!(
+                "min {cap}, calls {:?}, created {}, peak {}; at 80 GiB calls {:?}, peak {}",
+                at.calls,
+                at.bytes_created,
+                at.peak_reserved_bytes,
+                at_80.calls,
+                at_80.peak_reserved_bytes
+            ))
+        };
+        let (up, down) = (decided(false)?, decided(true)?);
+        if up != down {
+            differ.push(format!(
+                "{} {}:\n  bottom up: {up}\n  top down:  {down}",
+                trace.name,
+                policy.name()
+            ));
         }
     }
     if differ.is_empty() {
